@@ -1,0 +1,5 @@
+import sys
+
+from rftstack.cli import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""The `rftstack` command line: a thin dispatcher over one module per command.
+
+Each command module exposes ``configure(parser)`` (adds its arguments) and ``run(args) -> int``.
+Modules are imported only when their command runs, so `rftstack doctor` stays fast and no
+module imports this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rftstack import __version__
+from rftstack.errors import UserError
+
+# name -> (module, one-line summary). Summaries live here so `rftstack --help` imports nothing.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("rftstack.serve", "preflight, a loopback Ray head, then Trinity serve mode, supervised"),
+    "ray-head": ("rftstack.ray_head", "start/stop a Ray head bound to loopback with token auth"),
+    "doctor": ("rftstack.doctor", "find every known way this stack breaks on this machine, in seconds"),
+    "env": ("rftstack.env_report", "report the installed stack against the lock and the policy"),
+    "relax": ("rftstack.relax", "apply the policy's metadata relaxations so `pip check` is clean"),
+    "tiny-model": ("rftstack.tinymodel", "write a tiny random Qwen2 model directory (no download)"),
+    "bundle": ("rftstack.bundle", "build or install an offline wheel bundle of the locked stack"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rftstack",
+        description="Reproducible Trinity-RFT serve mode: install checks, preflight and a supervised launcher.",
+    )
+    parser.add_argument("--version", action="version", version=f"rftstack {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, summary) in COMMANDS.items():
+        p = sub.add_parser(name, help=summary, description=summary)
+        if name == command:
+            importlib.import_module(module_name).configure(p)
+    return parser
+
+
+def _command_in(argv: list[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(argv)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except UserError as exc:
+        print(f"rftstack {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"rftstack {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
