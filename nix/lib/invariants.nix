@@ -74,9 +74,11 @@ let
 in
 [
   {
+    # The closure as the overlay builds it (edges removed only from `rs.rewritten`) against CUDA 13
+    # dists found from the lock's own metadata, so a gap in the drop list shows here.
     name = "no-cuda13-dist-in-driver570-closure";
-    ok = builtins.all (n: !(builtins.elem n dropped)) cuda12.names;
-    message = "CUDA 13 distributions are still reachable in the driver-570 closure: ${show (builtins.filter (n: builtins.elem n dropped) cuda12.names)}";
+    ok = builtins.all (n: !(builtins.elem n (dropped ++ cuda13ByMetadata))) cuda12.names;
+    message = "CUDA 13 distributions are still reachable in the driver-570 closure: ${show (builtins.filter (n: builtins.elem n (dropped ++ cuda13ByMetadata)) cuda12.names)}";
   }
   {
     name = "drop-list-covers-cuda13-metadata";
