@@ -44,6 +44,12 @@ over=(--no-write-lock-file
       trinityPostInstall = set.trinity-rft.postInstall or "";
       torchPostInstall = set.torch.postInstall or "";
       torchBuildInputs = map (d: d.name) (set.torch.buildInputs or [ ]);
+      # the resolver of pyproject.nix over the env spec vs the walk of nix/lib: same names?
+      closureMatchesNixLib =
+        let
+          resolved = builtins.sort builtins.lessThan (map (d: d.pname) (set.resolveVirtualEnv { rftstack = [ ]; }));
+        in
+        resolved == f.lib.flavours.${if set.torch.passthru ? rftstackArtifact then "cuda12" else "cuda13"}.names;
       droppedIsError = !(builtins.tryEval (set.nvidia-cudnn-cu13.drvPath)).success;
     }) f.legacyPackages.${s}.pythonSets;
   }' 
