@@ -1,0 +1,299 @@
+"""A closed-loop load generator for any OpenAI-compatible ``/v1/chat/completions`` endpoint.
+
+For each concurrency level C, C workers send requests back to back until N requests are done (or
+the level's time limit passes: then no new request starts and the level is marked truncated).
+Every request uses a fixed prompt from a deterministic set, a fixed ``max_tokens`` and
+``ignore_eos: true`` (a vLLM extension; Trinity's proxy forwards the whole request body, so it
+reaches vLLM on both paths), so every successful request produces exactly ``max_tokens`` tokens.
+
+Measured per level: output tokens/s (sum of ``usage.completion_tokens`` / level wall time),
+requests/s, latency p50/p90/p99/mean/max over successful requests, errors by kind, and
+"short" responses (fewer tokens than asked: a sign that ignore_eos was dropped on the way).
+
+Trinity's proxy rewrites three fields on every request: ``logprobs: true``,
+``return_token_ids: true`` (for its experience recorder) and ``temperature`` (from its config).
+``--like-proxy`` sends the same to a bare vLLM, to separate the cost of the proxy hop and the
+recorder from the cost of computing logprobs.
+
+    python bench/loadgen.py --base-url http://127.0.0.1:8000 --concurrency 1,8,32,64 \\
+        --requests 128 --max-tokens 64 --out results/bare.json --label bare
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import time
+from typing import Any
+
+WORDS = (
+    "the agent posts feedback after each answer and commits when the episode ends while the model "
+    "keeps serving requests through the proxy that records every token and its log probability"
+).split()
+
+
+def prompts(n: int = 64, words: int = 48, seed: int = 0) -> list[str]:
+    """A fixed, deterministic prompt set: ``n`` prompts of ``words`` words each."""
+    rng = random.Random(seed)
+    return [f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def request_body(model: str, prompt: str, max_tokens: int, *, temperature: float, like_proxy: bool) -> dict:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": temperature,
+    }
+    if like_proxy:
+        body.update(logprobs=True, return_token_ids=True)
+    return body
+
+
+def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_tokens: int, truncated: bool) -> dict:
+    """One level's numbers from its request records ({ok, latency_s, completion_tokens, error})."""
+    ok = [r for r in records if r["ok"]]
+    lat = [r["latency_s"] for r in ok]
+    out_tokens = sum(r["completion_tokens"] or 0 for r in ok)
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r["ok"]:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    r3 = lambda x: None if x is None else round(x, 4)  # noqa: E731
+    return {
+        "concurrency": concurrency,
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "short_outputs": sum(1 for r in ok if (r["completion_tokens"] or 0) < max_tokens),
+        "missing_usage": sum(1 for r in ok if r["completion_tokens"] is None),
+        "output_tokens": out_tokens,
+        "wall_s": round(wall_s, 4),
+        "output_tokens_per_s": round(out_tokens / wall_s, 2) if wall_s > 0 else None,
+        "requests_per_s": round(len(ok) / wall_s, 3) if wall_s > 0 else None,
+        "latency_s": {
+            "p50": r3(percentile(lat, 50)),
+            "p90": r3(percentile(lat, 90)),
+            "p99": r3(percentile(lat, 99)),
+            "mean": r3(sum(lat) / len(lat)) if lat else None,
+            "max": r3(max(lat)) if lat else None,
+        },
+        "truncated": truncated,
+    }
+
+
+async def _one(session, url: str, body: dict, timeout_s: float) -> dict:
+    import aiohttp
+
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            raw = await resp.read()
+            latency = time.perf_counter() - t0
+            if resp.status != 200:
+                return {"ok": False, "latency_s": latency, "completion_tokens": None, "error": f"http_{resp.status}"}
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                return {"ok": False, "latency_s": latency, "completion_tokens": None, "error": "bad_json"}
+            usage = data.get("usage") or {}
+            return {"ok": True, "latency_s": latency, "completion_tokens": usage.get("completion_tokens"), "error": None}
+    except asyncio.TimeoutError:
+        return {"ok": False, "latency_s": time.perf_counter() - t0, "completion_tokens": None, "error": "timeout"}
+    except aiohttp.ClientError as exc:
+        return {"ok": False, "latency_s": time.perf_counter() - t0, "completion_tokens": None, "error": type(exc).__name__}
+
+
+async def run_level(
+    base_url: str,
+    model: str,
+    *,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    prompt_set: list[str],
+    temperature: float = 1.0,
+    like_proxy: bool = False,
+    warmup: int = 0,
+    level_timeout_s: float = 120.0,
+    request_timeout_s: float = 120.0,
+) -> dict:
+    """Run one concurrency level; returns :func:`summarise`'s record."""
+    import aiohttp
+
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for i in range(warmup):  # not measured: connection set-up, first-request compiles
+            await _one(session, url, request_body(model, prompt_set[i % len(prompt_set)], max_tokens,
+                                                  temperature=temperature, like_proxy=like_proxy), request_timeout_s)
+        records: list[dict] = []
+        next_i = 0
+        deadline = time.perf_counter() + level_timeout_s
+        truncated = False
+
+        async def worker() -> None:
+            nonlocal next_i, truncated
+            while True:
+                if next_i >= requests:
+                    return
+                if time.perf_counter() >= deadline:
+                    truncated = True
+                    return
+                i = next_i
+                next_i += 1
+                body = request_body(model, prompt_set[i % len(prompt_set)], max_tokens,
+                                    temperature=temperature, like_proxy=like_proxy)
+                records.append(await _one(session, url, body, request_timeout_s))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return summarise(records, wall, concurrency=concurrency, max_tokens=max_tokens, truncated=truncated)
+
+
+async def first_model(base_url: str, timeout_s: float = 10.0) -> str:
+    """The first model id that ``/v1/models`` lists."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base_url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            r.raise_for_status()
+            data = await r.json(content_type=None)
+    ids = [m["id"] for m in data.get("data", [])]
+    if not ids:
+        raise RuntimeError(f"{base_url}/v1/models lists no model")
+    return ids[0]
+
+
+async def run(
+    base_url: str,
+    *,
+    levels: list[int],
+    requests: int,
+    max_tokens: int,
+    model: str | None = None,
+    label: str = "",
+    temperature: float = 1.0,
+    like_proxy: bool = False,
+    warmup: int = 2,
+    level_timeout_s: float = 120.0,
+    request_timeout_s: float = 120.0,
+    prompt_count: int = 64,
+    prompt_words: int = 48,
+    progress=None,
+) -> dict:
+    """Every level in turn against ``base_url``; the whole result as one JSON-ready dict."""
+    model = model or await first_model(base_url)
+    ps = prompts(prompt_count, prompt_words)
+    out = {
+        "label": label,
+        "base_url": base_url,
+        "model": model,
+        "params": {
+            "requests_per_level": requests, "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": temperature, "like_proxy": like_proxy, "warmup": warmup,
+            "level_timeout_s": level_timeout_s, "prompts": prompt_count, "prompt_words": prompt_words,
+        },
+        "machine": {"host": platform.node(), "cpus": os.cpu_count()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "levels": [],
+    }
+    for c in levels:
+        res = await run_level(
+            base_url, model, concurrency=c, requests=requests, max_tokens=max_tokens, prompt_set=ps,
+            temperature=temperature, like_proxy=like_proxy, warmup=warmup,
+            level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s,
+        )
+        out["levels"].append(res)
+        if progress:
+            progress(
+                f"[loadgen {label or base_url}] c={c}: {res['ok']}/{res['requests']} ok, "
+                f"{res['output_tokens_per_s']} tok/s, p50 {res['latency_s']['p50']} s, p99 {res['latency_s']['p99']} s"
+                + (f", errors {res['error_kinds']}" if res["errors"] else "") + (" (truncated)" if res["truncated"] else "")
+            )
+    return out
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"loadgen: --concurrency {text!r} is not a comma list of integers; e.g. 1,8,32,64") from None
+    if not levels or any(c < 1 for c in levels):
+        raise SystemExit(f"loadgen: --concurrency {text!r} needs positive integers; e.g. 1,8,32,64")
+    return levels
+
+
+def configure(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (no /v1)")
+    ap.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
+    ap.add_argument("--concurrency", default="1,8,32,64", help="comma list of levels (default 1,8,32,64)")
+    ap.add_argument("--requests", type=int, default=128, help="requests per level (default 128)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (Trinity's default is 1.0)")
+    ap.add_argument("--like-proxy", action="store_true", help="also ask for logprobs and token ids, as Trinity's proxy does")
+    ap.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each level (default 2)")
+    ap.add_argument("--level-timeout", type=float, default=120.0, help="no new request after this many seconds per level")
+    ap.add_argument("--request-timeout", type=float, default=120.0)
+    ap.add_argument("--label", default="", help="name of this target in the results")
+    ap.add_argument("--out", default=None, help="write the JSON result here")
+    ap.add_argument("--json", action="store_true", help="print the JSON result instead of progress lines")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure(ap)
+    args = ap.parse_args(argv)
+    levels = parse_levels(args.concurrency)
+    if args.requests < 1 or args.max_tokens < 1:
+        print("loadgen: --requests and --max-tokens must be at least 1", file=sys.stderr)
+        return 2
+    say = None if args.json else (lambda m: print(m, flush=True))
+    try:
+        result = asyncio.run(run(
+            args.base_url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, model=args.model,
+            label=args.label, temperature=args.temperature, like_proxy=args.like_proxy, warmup=args.warmup,
+            level_timeout_s=args.level_timeout, request_timeout_s=args.request_timeout, progress=say,
+        ))
+    except (OSError, RuntimeError) as exc:
+        print(f"loadgen: cannot reach {args.base_url} ({exc}); start the server or fix --base-url", file=sys.stderr)
+        return 1
+    except Exception as exc:  # aiohttp's client errors on /v1/models
+        if type(exc).__module__.startswith("aiohttp"):
+            print(f"loadgen: {args.base_url}/v1/models failed ({exc}); start the server or fix --base-url", file=sys.stderr)
+            return 1
+        raise
+    text = json.dumps(result, indent=2)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+    failed = sum(lv["errors"] for lv in result["levels"])
+    return 0 if failed == 0 else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""A TEST DOUBLE of an OpenAI-compatible server (stands in for vLLM, which needs a GPU).
+
+Real HTTP on loopback (stdlib ThreadingHTTPServer on a free port), with deterministic behaviour the
+load generator's tests check against: request number k (1-based, counted across the server's
+life) fails with HTTP 500 when ``k % fail_every == 0``, otherwise answers with
+``usage.completion_tokens = max_tokens`` (or one less when ``k % short_every == 0``), after
+``delay_s``. Every request body is kept in ``bodies``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODEL_ID = "test-double-model"
+
+
+class OpenAIDouble:
+    def __init__(self, *, fail_every: int = 0, short_every: int = 0, delay_s: float = 0.0):
+        self.fail_every = fail_every
+        self.short_every = short_every
+        self.delay_s = delay_s
+        self.bodies: list[dict] = []
+        self.count = 0
+        self._lock = threading.Lock()
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, code: int, obj: dict) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path != "/v1/chat/completions":
+                    self._send(404, {"error": "not found"})
+                    return
+                with double._lock:
+                    double.count += 1
+                    k = double.count
+                    double.bodies.append(body)
+                if double.delay_s:
+                    time.sleep(double.delay_s)
+                if double.fail_every and k % double.fail_every == 0:
+                    self._send(500, {"error": {"message": f"test double: planned failure of request {k}"}})
+                    return
+                n = int(body.get("max_tokens", 16))
+                if double.short_every and k % double.short_every == 0:
+                    n -= 1
+                self._send(200, {
+                    "id": f"chatcmpl-double-{k}", "object": "chat.completion", "model": MODEL_ID,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * n}, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n},
+                })
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "OpenAIDouble":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
