@@ -201,9 +201,14 @@ async def run(
     request_timeout_s: float = 120.0,
     prompt_count: int = 64,
     prompt_words: int = 48,
+    requests_for=None,
     progress=None,
 ) -> dict:
-    """Every level in turn against ``base_url``; the whole result as one JSON-ready dict."""
+    """Every level in turn against ``base_url``; the whole result as one JSON-ready dict.
+
+    ``requests_for(c)``, when given, sets the number of requests of level ``c`` (else ``requests``).
+    """
+    count = requests_for or (lambda c: requests)
     model = model or await first_model(base_url)
     ps = prompts(prompt_count, prompt_words)
     out = {
@@ -211,7 +216,7 @@ async def run(
         "base_url": base_url,
         "model": model,
         "params": {
-            "requests_per_level": requests, "max_tokens": max_tokens, "ignore_eos": True,
+            "requests_per_level": {str(c): count(c) for c in levels}, "max_tokens": max_tokens, "ignore_eos": True,
             "temperature": temperature, "like_proxy": like_proxy, "warmup": warmup,
             "level_timeout_s": level_timeout_s, "prompts": prompt_count, "prompt_words": prompt_words,
         },
@@ -221,7 +226,7 @@ async def run(
     }
     for c in levels:
         res = await run_level(
-            base_url, model, concurrency=c, requests=requests, max_tokens=max_tokens, prompt_set=ps,
+            base_url, model, concurrency=c, requests=count(c), max_tokens=max_tokens, prompt_set=ps,
             temperature=temperature, like_proxy=like_proxy, warmup=warmup,
             level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s,
         )

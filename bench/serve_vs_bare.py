@@ -1,0 +1,599 @@
+"""Serving through Trinity's proxy against bare `vllm serve`, same model, same GPU, one run (GPU host).
+
+Phases (each hard time-bounded, processes always stopped, results written after every phase):
+
+  bare     `vllm serve MODEL` on loopback: time to ready (start -> /v1/models answers -> first chat
+           completion answered), then the load levels twice: plain requests, and requests
+           "like the proxy" (logprobs + return_token_ids, which Trinity's proxy adds to every call)
+  trinity  `python3 -m rftstack serve -c CONFIG` (the supervised runner): time to ready, the load
+           levels through Trinity's proxy, and the same levels sent "like the proxy" straight to
+           the vLLM OpenAI server inside Trinity's engine actor (found as the new loopback-reachable
+           listener that answers /v1/models): proxy vs engine-direct is the proxy's own cost
+  manual   the report's steps by hand: `ray start --head` (loopback, explicit ports, private
+           temp dir) then `trinity run --config CONFIG`: time to ready only
+
+Time goes to: the per-process log with a "+seconds" stamp on every line (logs/<phase>.log) and the
+vLLM phases found in it (weights, torch.compile, CUDA graphs, engine init) in the JSON.
+
+    python bench/serve_vs_bare.py --model /path/model --label tiny --out bench/results/gpu \\
+        [--phases bare,trinity,manual] [--budget-s 540]
+
+Writes <out>/serve-<label>.json (all phases), <out>/logs/*.log and <out>/work/ (configs, run dirs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "python"))
+import loadgen  # noqa: E402
+
+PHASES = ("bare", "trinity", "manual")
+
+# vLLM / Trinity log lines that say where start-up time goes: name -> regex (first group: seconds)
+MARKERS = {
+    "weights_loaded": r"Loading weights took ([\d.]+) seconds",
+    "model_loading": r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds",
+    "dynamo_transform": r"Dynamo bytecode transform time: ([\d.]+) s",
+    "compile_range": r"Compiling a graph for compile range .* takes ([\d.]+) s",
+    "compiled_graph_loaded": r"Directly load the compiled graph\(s\) for compile range .* from the cache, took ([\d.]+) s",
+    "torch_compile_total": r"torch\.compile took ([\d.]+) s in total",
+    "cuda_graphs": r"Graph capturing finished in ([\d.]+) secs",
+    "engine_init": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A child in its own session; every output line goes to ``log`` with a +seconds stamp."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict, cwd: Path | None = None):
+        self.argv = argv
+        self.t0 = time.monotonic()
+        self.log = log
+        self.lines: list[tuple[float, str]] = []
+        self._f = open(log, "w", buffering=1)
+        self._f.write(f"$ {' '.join(argv)}\n")
+        self.p = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        self._pump = threading.Thread(target=self._read, daemon=True)
+        self._pump.start()
+
+    def _read(self) -> None:
+        for raw in iter(self.p.stdout.readline, b""):
+            t = time.monotonic() - self.t0
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.lines.append((t, line))
+            try:
+                self._f.write(f"[+{t:8.2f}s] {line}\n")
+            except ValueError:
+                break
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def stop(self, grace_s: float = 30.0) -> dict:
+        """SIGINT to the group, then SIGTERM, then SIGKILL; how it ended."""
+        t0 = time.monotonic()
+        sent = []
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            if self.p.poll() is not None:
+                break
+            try:
+                os.killpg(self.p.pid, sig)
+            except ProcessLookupError:
+                break
+            sent.append(sig.name)
+            try:
+                self.p.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        # the group may outlive its leader (vLLM's engine core, workers): make sure it is gone
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._pump.join(timeout=5)
+        self._f.close()
+        return {"signals": sent, "rc": self.p.poll(), "stop_s": round(time.monotonic() - t0, 2)}
+
+    def tail(self, n: int = 30) -> list[str]:
+        return [line for _, line in self.lines[-n:]]
+
+
+def markers(lines: list[tuple[float, str]]) -> dict:
+    """The start-up phases found in a process's output: {name: {"s": reported seconds, "at": +s}}."""
+    found: dict = {}
+    for t, line in lines:
+        for name, rx in MARKERS.items():
+            m = re.search(rx, line)
+            if m:
+                found.setdefault(name, []).append({"s": float(m.group(1)), "at": round(t, 2)})
+    return found
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 5.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, json.loads(r.read() or b"null")
+
+
+def wait_ready(base_url: str | None, proc: Proc, deadline: float, find_url=None) -> dict:
+    """Poll until ``/v1/models`` answers, then until one chat completion is answered (max_tokens 1).
+
+    ``find_url`` (a callable returning a base URL or None) is used while ``base_url`` is unknown.
+    Times are seconds since ``proc`` started.
+    """
+    out: dict = {"ready": False}
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            out["error"] = f"exited with {proc.p.returncode} before it was ready"
+            return out
+        if base_url is None and find_url is not None:
+            base_url = find_url()
+        if base_url is None:
+            time.sleep(0.5)
+            continue
+        try:
+            if "models_s" not in out:
+                _, models = http_json(base_url + "/v1/models", timeout=2)
+                out["models_s"] = round(time.monotonic() - proc.t0, 2)
+                out["model"] = models["data"][0]["id"]
+                out["base_url"] = base_url
+            body = {"model": out["model"], "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
+            status, _ = http_json(base_url + "/v1/chat/completions", body, timeout=60)
+            if status == 200:
+                out["first_answer_s"] = round(time.monotonic() - proc.t0, 2)
+                out["ready"] = True
+                return out
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError, KeyError, IndexError):
+            pass
+        time.sleep(0.5)
+    out["error"] = "not ready before the phase's time limit"
+    return out
+
+
+def compile_cache_state() -> dict:
+    """How much vLLM's torch.compile cache holds (warm or cold start?)."""
+    root = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm")) / "torch_compile_cache"
+    n = size = 0
+    if root.is_dir():
+        for p in root.rglob("*"):
+            if p.is_file():
+                n += 1
+                size += p.stat().st_size
+    return {"path": str(root), "files": n, "bytes": size}
+
+
+def gpu_memory_used_mib() -> list[int] | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return [int(x) for x in out.stdout.split()] if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def wait_gpu_free(limit_s: float = 30.0, below_mib: int = 2048) -> list[int] | None:
+    end = time.monotonic() + limit_s
+    used = gpu_memory_used_mib()
+    while used is not None and max(used, default=0) > below_mib and time.monotonic() < end:
+        time.sleep(1)
+        used = gpu_memory_used_mib()
+    return used
+
+
+def listening_ports() -> set[int]:
+    from rftstack import netstat
+
+    return {ln.port for ln in netstat.listeners()}
+
+
+def find_openai_servers(ports: set[int], exclude: set[int]) -> list[str]:
+    """Base URLs among ``ports`` (on loopback) that answer ``/v1/models``."""
+    found = []
+    for port in sorted(ports - exclude):
+        url = f"http://127.0.0.1:{port}"
+        try:
+            status, data = http_json(url + "/v1/models", timeout=1.0)
+            if status == 200 and isinstance(data, dict) and data.get("data"):
+                found.append(url)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+            continue
+    return found
+
+
+def trinity_config(path: Path, *, model: Path, label: str, max_model_len: int, gpu_util: float,
+                   proxy_port: int, ckpt: Path, db_url: str | None) -> Path:
+    """The report's serve config on ``model``, with the proxy on loopback and the bench's settings."""
+    lines = [
+        "mode: serve",
+        "project: bench",
+        f"name: {label}",
+        f"checkpoint_root_dir: {ckpt}",
+        "model:",
+        f"  model_path: {model}",
+        f"  max_model_len: {max_model_len}",
+        "  temperature: 1.0",
+        "cluster:",
+        "  node_num: 1",
+        "  gpu_per_node: 1",
+        "explorer:",
+        "  listen_address: 127.0.0.1",
+        f"  proxy_port: {proxy_port}",
+        *([f"  db_url: {db_url}"] if db_url else []),
+        "  rollout_model:",
+        "    engine_num: 1",
+        "    enable_openai_api: true",
+        f"    gpu_memory_utilization: {gpu_util}",
+        "synchronizer:",
+        "  sync_method: nccl",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out)
+        self.logs = self.out / "logs"
+        self.work = self.out / "work" / args.label
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.deadline = time.monotonic() + args.budget_s
+        self.procs: list[Proc] = []
+        self.result = {
+            "label": args.label,
+            "model": str(Path(args.model).resolve()),
+            "model_info": self._model_info(),
+            "machine": {
+                "host": platform.node(), "cpus": os.cpu_count(), "gpu": self._gpu_name(),
+                "python": platform.python_version(), "packages": self._versions(),
+            },
+            "settings": {
+                "gpu_memory_utilization": args.gpu_util, "max_model_len": args.max_model_len,
+                "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
+                "bare_extra_args": args.bare_extra_args, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
+                "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES")},
+            },
+            "command": " ".join([sys.executable, *sys.argv]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "phases": {},
+        }
+
+    def _model_info(self) -> dict:
+        cfg = Path(self.args.model) / "config.json"
+        if not cfg.is_file():
+            return {}
+        c = json.loads(cfg.read_text())
+        keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+        return {k: c.get(k) for k in keys}
+
+    @staticmethod
+    def _gpu_name() -> str | None:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            return out.stdout.strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    @staticmethod
+    def _versions() -> dict:
+        from importlib import metadata
+
+        out = {}
+        for d in ("vllm", "torch", "trinity-rft", "ray", "transformers"):
+            try:
+                out[d] = metadata.version(d)
+            except metadata.PackageNotFoundError:
+                out[d] = None
+        return out
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        path = self.out / f"serve-{self.args.label}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.result, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def say(self, msg: str) -> None:
+        print(f"[serve_vs_bare {self.args.label} +{self.args.budget_s - self.remaining():6.1f}s] {msg}", flush=True)
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
+        return env
+
+    def spawn(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
+        p = Proc(argv, self.logs / f"{self.args.label}-{name}.log", env or self.env(), cwd=self.work)
+        self.procs.append(p)
+        return p
+
+    def load(self, base_url: str, label: str, *, like_proxy: bool, model: str | None = None) -> dict:
+        """The load levels, bounded by the budget left (keeps ``reserve_s`` for the rest)."""
+        per_level = max(5.0, min(self.args.level_timeout, (self.remaining() - self.args.reserve_s) / len(self.levels)))
+        return asyncio.run(loadgen.run(
+            base_url, levels=self.levels, requests=0, requests_for=self.requests_for, max_tokens=self.args.max_tokens,
+            model=model, label=label, like_proxy=like_proxy, warmup=4, level_timeout_s=per_level,
+            request_timeout_s=min(120.0, per_level), progress=self.say,
+        ))
+
+    @property
+    def levels(self) -> list[int]:
+        return loadgen.parse_levels(self.args.concurrency)
+
+    def requests_for(self, c: int) -> int:
+        return self.args.requests if self.args.requests > 0 else max(16, 4 * c)
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def phase_bare(self) -> dict:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        argv = ["vllm", "serve", str(self.args.model), "--host", "127.0.0.1", "--port", str(port),
+                "--gpu-memory-utilization", str(self.args.gpu_util), "--max-model-len", str(self.args.max_model_len),
+                *self.args.bare_extra_args.split()]
+        r: dict = {"argv": argv, "compile_cache_before": compile_cache_state()}
+        p = self.spawn("bare", argv)
+        r["ready"] = wait_ready(base, p, time.monotonic() + min(self.args.ready_timeout, self.remaining() - 30))
+        r["startup_markers"] = markers(p.lines)
+        if r["ready"]["ready"]:
+            r["load"] = self.load(base, "bare", like_proxy=False, model=r["ready"]["model"])
+            if not self.args.no_like_proxy:
+                r["load_like_proxy"] = self.load(base, "bare-like-proxy", like_proxy=True, model=r["ready"]["model"])
+        else:
+            r["log_tail"] = p.tail()
+        r["stop"] = p.stop()
+        r["gpu_memory_after_mib"] = wait_gpu_free()
+        return r
+
+    def _trinity_like(self, name: str, argv_for, *, extra_ready=None) -> dict:
+        """Shared by the trinity and manual phases: start, wait for the proxy, optionally load."""
+        proxy_port = free_port()
+        cfg = trinity_config(self.work / f"{name}.yaml", model=Path(self.args.model).resolve(), label=f"{self.args.label}-{name}",
+                             max_model_len=self.args.max_model_len, gpu_util=self.args.gpu_util, proxy_port=proxy_port,
+                             ckpt=self.work / f"{name}-ckpt", db_url=self.args.db_url)
+        run_dir = self.work / f"{name}-run"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        r: dict = {"config": str(cfg), "compile_cache_before": compile_cache_state()}
+        before = listening_ports()
+        argv = argv_for(cfg, run_dir)
+        r["argv"] = argv
+        p = self.spawn(name, argv)
+
+        def find_url() -> str | None:
+            # the runner may move the proxy to another free port: read its status/config if so
+            st = run_dir / "status.json"
+            if st.is_file():
+                try:
+                    s = json.loads(st.read_text())
+                    for k in ("endpoint", "proxy_url", "base_url"):
+                        if isinstance(s.get(k), str) and s[k].startswith("http"):
+                            return s[k].rstrip("/").removesuffix("/v1")
+                except ValueError:
+                    pass
+            eff = run_dir / "config.yaml"
+            if eff.is_file():
+                m = re.search(r"^\s*proxy_port:\s*(\d+)", eff.read_text(), re.M)
+                if m:
+                    return f"http://127.0.0.1:{m.group(1)}"
+            return f"http://127.0.0.1:{proxy_port}"
+
+        r["ready"] = wait_ready(None, p, time.monotonic() + min(self.args.ready_timeout, self.remaining() - 45), find_url)
+        r["startup_markers"] = markers(p.lines)
+        if extra_ready:
+            r.update(extra_ready)
+        if r["ready"]["ready"] and name == "trinity":
+            base = r["ready"]["base_url"]
+            r["load"] = self.load(base, "trinity-proxy", like_proxy=False, model=r["ready"]["model"])
+            proxy = int(base.rsplit(":", 1)[1])
+            engines = find_openai_servers(listening_ports() - before, exclude={proxy})
+            r["engine_urls"] = engines
+            if engines and not self.args.no_like_proxy:
+                r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=True,
+                                                    model=r["ready"]["model"])
+            try:
+                r["proxy_metrics"] = http_json(base + "/metrics", timeout=5)[1]
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+        elif not r["ready"]["ready"]:
+            r["log_tail"] = p.tail(60)
+        r["stop"] = p.stop(grace_s=30.0)
+        return r
+
+    def phase_trinity(self) -> dict:
+        def argv_for(cfg: Path, run_dir: Path) -> list[str]:
+            return self.args.serve_cmd.format(python=sys.executable, config=cfg, run_dir=run_dir).split()
+
+        r = self._trinity_like("trinity", argv_for)
+        r["ray_stop"] = ray_stop_force()
+        r["gpu_memory_after_mib"] = wait_gpu_free()
+        return r
+
+    def phase_manual(self) -> dict:
+        ray_dir = Path(f"/tmp/rb-{os.getpid()}")  # Ray's socket paths must stay short
+        gcs = free_port()
+        env = self.env()
+        env["RAY_ADDRESS"] = f"127.0.0.1:{gcs}"
+        t0 = time.monotonic()
+        head = subprocess.run(
+            ["ray", "start", "--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+             f"--port={gcs}", "--num-gpus=1", "--disable-usage-stats", f"--temp-dir={ray_dir}",
+             "--include-dashboard=false"],
+            env=env, capture_output=True, text=True, timeout=min(120, self.remaining() - 30),
+        )
+        ray_s = round(time.monotonic() - t0, 2)
+        (self.logs / f"{self.args.label}-manual-ray-start.log").write_text(head.stdout + head.stderr)
+        if head.returncode != 0:
+            return {"ray_start_s": ray_s, "error": f"ray start exited {head.returncode}", "ray_stop": ray_stop_force()}
+
+        def argv_for(cfg: Path, run_dir: Path) -> list[str]:
+            return ["trinity", "run", "--config", str(cfg)]
+
+        saved = self.env
+        self.env = lambda: env  # trinity run must find this head
+        try:
+            r = self._trinity_like("manual", argv_for)
+        finally:
+            self.env = saved
+        r["ray_start_s"] = ray_s
+        if r["ready"].get("ready"):
+            r["ready"]["first_answer_incl_ray_start_s"] = round(r["ready"]["first_answer_s"] + ray_s, 2)
+        r["ray_stop"] = ray_stop_force()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+        r["gpu_memory_after_mib"] = wait_gpu_free()
+        return r
+
+    def run(self) -> int:
+        phases = [p.strip() for p in self.args.phases.split(",") if p.strip()]
+        estimate = {"bare": 180, "trinity": 300, "manual": 240}
+        for ph in phases:
+            if self.remaining() < estimate[ph] * 0.5:
+                self.result["phases"][ph] = {"skipped": f"budget: {self.remaining():.0f} s left"}
+                self.say(f"{ph}: skipped, {self.remaining():.0f} s left")
+                continue
+            self.say(f"{ph}: start")
+            try:
+                self.result["phases"][ph] = getattr(self, f"phase_{ph}")()
+            except Exception as exc:  # record, clean up, go on with the next phase
+                self.result["phases"][ph] = {"error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                for p in self.procs:
+                    if p.alive():
+                        p.stop(grace_s=10)
+                self.procs.clear()
+            ready = self.result["phases"][ph].get("ready", {})
+            self.say(f"{ph}: done; ready={ready.get('ready')} first answer {ready.get('first_answer_s')} s")
+            self.save()
+        self.result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.result["summary"] = summary(self.result)
+        self.save()
+        print(json.dumps(self.result["summary"], indent=2))
+        return 0
+
+
+def ray_stop_force() -> dict:
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(["ray", "stop", "--force"], capture_output=True, text=True, timeout=60)
+        return {"rc": r.returncode, "s": round(time.monotonic() - t0, 2)}
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
+
+
+def _level(load: dict | None, c: int) -> dict | None:
+    for lv in (load or {}).get("levels", []):
+        if lv["concurrency"] == c:
+            return lv
+    return None
+
+
+def summary(result: dict) -> dict:
+    """Ratios the issue asks for: proxy/bare throughput per level, time-to-ready ratios."""
+    ph = result["phases"]
+    bare, tri, man = ph.get("bare", {}), ph.get("trinity", {}), ph.get("manual", {})
+    out: dict = {"label": result["label"], "ready_s": {}, "throughput_ratio": {}}
+    for name, p in (("bare", bare), ("trinity", tri), ("manual", man)):
+        r = p.get("ready", {})
+        if r.get("ready"):
+            out["ready_s"][name] = r.get("first_answer_incl_ray_start_s", r["first_answer_s"])
+    if "bare" in out["ready_s"]:
+        for name in ("trinity", "manual"):
+            if name in out["ready_s"]:
+                out[f"ready_ratio_{name}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
+    for lv in (bare.get("load") or {}).get("levels", []):
+        c = lv["concurrency"]
+        row = {"bare_tok_s": lv["output_tokens_per_s"]}
+        for key, load in (("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
+                          ("proxy", tri.get("load"))):
+            other = _level(load, c)
+            if other:
+                row[f"{key}_tok_s"] = other["output_tokens_per_s"]
+                if lv["output_tokens_per_s"]:
+                    row[f"{key}_vs_bare"] = round(other["output_tokens_per_s"] / lv["output_tokens_per_s"], 3)
+        out["throughput_ratio"][str(c)] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="model directory (bench/model_3b.py or rftstack tiny-model)")
+    ap.add_argument("--label", required=True, help="name of this run (file names), e.g. tiny or qwen3b")
+    ap.add_argument("--out", required=True, help="results directory")
+    ap.add_argument("--phases", default="bare,trinity", help=f"comma list of {', '.join(PHASES)} (default bare,trinity)")
+    ap.add_argument("--budget-s", type=float, default=540, help="the whole run ends within this (default 540)")
+    ap.add_argument("--reserve-s", type=float, default=60, help="budget kept back for stopping and later phases")
+    ap.add_argument("--ready-timeout", type=float, default=300, help="limit for one start-up, seconds")
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default 0: max(16, 4 x concurrency))")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--level-timeout", type=float, default=30, help="no new request after this per level")
+    ap.add_argument("--gpu-util", type=float, default=0.6, help="--gpu-memory-utilization for both paths (the report's 0.60)")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--bare-extra-args", default="", help="more `vllm serve` arguments, e.g. '--seed 42'")
+    ap.add_argument("--serve-cmd", default="{python} -m rftstack serve -c {config} --run-dir {run_dir}",
+                    help="how to start the runner ({python}, {config}, {run_dir} are filled in)")
+    ap.add_argument("--db-url", default=None, help="explorer.db_url for the proxy's recorder (default: Trinity's sqlite file)")
+    ap.add_argument("--no-like-proxy", action="store_true", help="skip the like-proxy / engine-direct load runs")
+    args = ap.parse_args(argv)
+    bad = [p for p in args.phases.split(",") if p.strip() and p.strip() not in PHASES]
+    if bad:
+        print(f"serve_vs_bare: unknown phase {bad[0]!r}; choose from {', '.join(PHASES)}", file=sys.stderr)
+        return 2
+    if not (Path(args.model) / "config.json").is_file():
+        print(f"serve_vs_bare: {args.model} has no config.json; make one with bench/model_3b.py or `rftstack tiny-model`",
+              file=sys.stderr)
+        return 2
+    loadgen.parse_levels(args.concurrency)
+    bench = Bench(args)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return bench.run()
+    except KeyboardInterrupt:
+        bench.result["interrupted"] = True
+        bench.save()
+        return 130
+    finally:
+        for p in bench.procs:
+            if p.alive():
+                p.stop(grace_s=5)
+        if any(ph in args.phases for ph in ("trinity", "manual")):
+            ray_stop_force()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

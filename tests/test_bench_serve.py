@@ -1,0 +1,145 @@
+"""bench/serve_vs_bare.py's pieces that run without a GPU: log markers (against vLLM's own message
+formats), the Trinity config (through Trinity's own validation), readiness polling and process
+teardown (against a TEST DOUBLE OpenAI server in a child process), and the summary ratios.
+The GPU phases themselves run on the GPU host (bench/README.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_python
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import serve_vs_bare as svb  # noqa: E402
+
+VLLM = Path(__import__("importlib").util.find_spec("vllm").origin).parent
+
+
+@pytest.mark.parametrize("rel, fmt", [
+    ("model_executor/model_loader/default_loader.py", '"Loading weights took %.2f seconds"'),
+    ("v1/worker/gpu_model_runner.py", '"Model loading took %s GiB memory and %.6f seconds"'),
+    ("compilation/backends.py", '"Dynamo bytecode transform time: %.2f s"'),
+    ("compilation/backends.py", '"Compiling a graph for compile range %s takes %.2f s"'),
+    ("compilation/monitor.py", '"torch.compile took %.2f s in total"'),
+    ("v1/worker/gpu_model_runner.py", '"Graph capturing finished in %.0f secs, took %.2f GiB"'),
+])
+def test_marker_formats_exist_in_the_locked_vllm(rel, fmt):
+    """The log lines the bench looks for are the ones this vLLM writes (fails if vLLM rewords them)."""
+    assert fmt in (VLLM / rel).read_text()
+
+
+def test_markers_parse_vllm_lines():
+    lines = [
+        (3.0, "INFO 11-29 [default_loader.py:398] Loading weights took 1.25 seconds"),
+        (3.5, "(EngineCore pid=1) INFO [gpu_model_runner.py:5188] Model loading took 5.76 GiB memory and 2.500000 seconds"),
+        (9.0, "INFO [backends.py:1149] Dynamo bytecode transform time: 4.10 s"),
+        (15.0, "INFO [backends.py:394] Compiling a graph for compile range (1, 2048) takes 6.02 s"),
+        (15.5, "INFO [backends.py:293] Directly load the compiled graph(s) for compile range (1, 2048) from the cache, took 0.812 s"),
+        (16.0, "INFO [monitor.py:20] torch.compile took 10.50 s in total"),
+        (20.0, "INFO [gpu_model_runner.py:6586] Graph capturing finished in 3 secs, took 0.50 GiB"),
+        (21.0, "INFO [core.py:307] init engine (profile, create kv cache, warmup model) took 12.00 s (compilation: 10.50 s)"),
+        (22.0, "unrelated line"),
+    ]
+    m = svb.markers(lines)
+    assert m["weights_loaded"] == [{"s": 1.25, "at": 3.0}]
+    assert m["model_loading"][0]["s"] == 2.5
+    assert m["dynamo_transform"][0]["s"] == 4.1
+    assert m["compile_range"][0]["s"] == 6.02
+    assert m["compiled_graph_loaded"][0]["s"] == 0.812
+    assert m["torch_compile_total"][0]["s"] == 10.5
+    assert m["cuda_graphs"][0]["s"] == 3.0
+    assert m["engine_init"][0] == {"s": 12.0, "at": 21.0}
+
+
+def test_trinity_config_passes_trinitys_validation(tmp_path, tiny_model):
+    cfg = svb.trinity_config(tmp_path / "c.yaml", model=tiny_model, label="t", max_model_len=2048, gpu_util=0.6,
+                             proxy_port=18010, ckpt=tmp_path / "ckpt", db_url=None)
+    r = run_python(
+        """
+        import json, sys
+        from trinity.common.config import load_config
+        c = load_config(sys.argv[1]); c.check_and_update()
+        e = c.explorer
+        print(json.dumps([c.mode, e.listen_address, e.proxy_port, c.synchronizer.sync_method.value,
+                          e.rollout_model.gpu_memory_utilization, c.model.temperature]))
+        """,
+        str(cfg),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["serve", "127.0.0.1", 18010, "checkpoint", 0.6, 1.0]
+
+
+DOUBLE_CHILD = f"""
+import sys, time
+sys.path.insert(0, {str(REPO / 'tests')!r})
+from openai_double import OpenAIDouble
+time.sleep(float(sys.argv[1]))  # "start-up" before it listens
+with OpenAIDouble() as d:
+    print("URL", d.base_url, flush=True)
+    time.sleep(600)
+"""
+
+
+def _url_from(proc):
+    for _, line in proc.lines:
+        if line.startswith("URL "):
+            return line.split()[1]
+    return None
+
+
+def test_wait_ready_finds_and_answers_then_stop_ends_the_group(tmp_path):
+    p = svb.Proc([sys.executable, "-c", DOUBLE_CHILD, "1.0"], tmp_path / "double.log", env={})
+    try:
+        r = svb.wait_ready(None, p, time.monotonic() + 60, lambda: _url_from(p))
+        assert r["ready"], r
+        assert r["model"] == "test-double-model"
+        assert 1.0 <= r["models_s"] <= r["first_answer_s"]
+        assert svb.find_openai_servers({int(r["base_url"].rsplit(":", 1)[1])}, exclude=set()) == [r["base_url"]]
+    finally:
+        st = p.stop(grace_s=10)
+    assert st["signals"][0] == "SIGINT" and not p.alive()
+    assert "[+" in (tmp_path / "double.log").read_text()  # every line stamped
+
+
+def test_wait_ready_reports_an_early_exit(tmp_path):
+    p = svb.Proc([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "x.log", env={})
+    r = svb.wait_ready("http://127.0.0.1:9", p, time.monotonic() + 30)
+    p.stop()
+    assert not r["ready"] and "exited with 3" in r["error"]
+
+
+def test_summary_ratios():
+    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
+    result = {"label": "x", "phases": {
+        "bare": {"ready": {"ready": True, "first_answer_s": 100.0},
+                 "load": {"levels": [lv(1, 100.0), lv(32, 1000.0)]},
+                 "load_like_proxy": {"levels": [lv(1, 90.0), lv(32, 950.0)]}},
+        "trinity": {"ready": {"ready": True, "first_answer_s": 150.0},
+                    "load": {"levels": [lv(1, 80.0), lv(32, 900.0)]},
+                    "load_engine_direct": {"levels": [lv(32, 940.0)]}},
+        "manual": {"ready": {"ready": True, "first_answer_s": 200.0, "first_answer_incl_ray_start_s": 210.0}},
+    }}
+    s = svb.summary(result)
+    assert s["ready_s"] == {"bare": 100.0, "trinity": 150.0, "manual": 210.0}
+    assert s["ready_ratio_trinity_vs_bare"] == 1.5 and s["ready_ratio_manual_vs_bare"] == 2.1
+    assert s["throughput_ratio"]["32"] == {"bare_tok_s": 1000.0, "bare_like_proxy_tok_s": 950.0, "bare_like_proxy_vs_bare": 0.95,
+                                          "engine_direct_tok_s": 940.0, "engine_direct_vs_bare": 0.94,
+                                          "proxy_tok_s": 900.0, "proxy_vs_bare": 0.9}
+    assert s["throughput_ratio"]["1"]["proxy_vs_bare"] == 0.8 and "engine_direct_tok_s" not in s["throughput_ratio"]["1"]
+
+
+def test_bad_phase_and_missing_model_are_one_sentence(tmp_path):
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(REPO / "bench/serve_vs_bare.py"), "--model", str(tmp_path), "--label", "x",
+                        "--out", str(tmp_path / "o"), "--phases", "bare,nope"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown phase 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, str(REPO / "bench/serve_vs_bare.py"), "--model", str(tmp_path), "--label", "x",
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no config.json" in r.stderr
