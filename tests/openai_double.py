@@ -29,6 +29,7 @@ class OpenAIDouble:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
 
             def log_message(self, *args):  # quiet
                 pass
@@ -70,7 +71,10 @@ class OpenAIDouble:
                     "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n},
                 })
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # the default 5 drops connections at concurrency 32+
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
