@@ -88,7 +88,7 @@ def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_token
         "short_outputs": sum(1 for r in ok if (r["completion_tokens"] or 0) < max_tokens),
         "missing_usage": sum(1 for r in ok if r["completion_tokens"] is None),
         "output_tokens": out_tokens,
-        "wall_s": round(wall_s, 4),
+        "wall_s": round(wall_s, 6),
         "output_tokens_per_s": round(out_tokens / wall_s, 2) if wall_s > 0 else None,
         "requests_per_s": round(len(ok) / wall_s, 3) if wall_s > 0 else None,
         "latency_s": {
