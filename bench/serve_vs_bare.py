@@ -278,7 +278,7 @@ class Bench:
             "settings": {
                 "gpu_memory_utilization": args.gpu_util, "max_model_len": args.max_model_len,
                 "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
-                "bare_extra_args": args.bare_extra_args, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
+                "bare_extra_args": args.bare_extra_args, "ready_only": args.ready_only, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
                 "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES")},
             },
             "command": " ".join([sys.executable, *sys.argv]),
@@ -367,7 +367,7 @@ class Bench:
         p = self.spawn("bare", argv)
         r["ready"] = wait_ready(base, p, time.monotonic() + min(self.args.ready_timeout, self.remaining() - 30))
         r["startup_markers"] = markers(p.lines)
-        if r["ready"]["ready"]:
+        if r["ready"]["ready"] and not self.args.ready_only:
             r["load"] = self.load(base, "bare", like_proxy=False, model=r["ready"]["model"])
             if not self.args.no_like_proxy:
                 r["load_like_proxy"] = self.load(base, "bare-like-proxy", like_proxy=True, model=r["ready"]["model"])
@@ -413,7 +413,7 @@ class Bench:
         r["startup_markers"] = markers(p.lines)
         if extra_ready:
             r.update(extra_ready)
-        if r["ready"]["ready"] and name == "trinity":
+        if r["ready"]["ready"] and name == "trinity" and not self.args.ready_only:
             base = r["ready"]["base_url"]
             r["load"] = self.load(base, "trinity-proxy", like_proxy=False, model=r["ready"]["model"])
             proxy = int(base.rsplit(":", 1)[1])
@@ -477,6 +477,8 @@ class Bench:
     def run(self) -> int:
         phases = [p.strip() for p in self.args.phases.split(",") if p.strip()]
         estimate = {"bare": 180, "trinity": 300, "manual": 240}
+        if self.args.ready_only:
+            estimate = {"bare": 120, "trinity": 200, "manual": 200}
         for ph in phases:
             if self.remaining() < estimate[ph] * 0.5:
                 self.result["phases"][ph] = {"skipped": f"budget: {self.remaining():.0f} s left"}
@@ -565,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="how to start the runner ({python}, {config}, {run_dir} are filled in)")
     ap.add_argument("--db-url", default=None, help="explorer.db_url for the proxy's recorder (default: Trinity's sqlite file)")
     ap.add_argument("--no-like-proxy", action="store_true", help="skip the like-proxy / engine-direct load runs")
+    ap.add_argument("--ready-only", action="store_true", help="time to ready only, no load (e.g. a warm-cache rerun)")
     args = ap.parse_args(argv)
     bad = [p for p in args.phases.split(",") if p.strip() and p.strip() not in PHASES]
     if bad:
