@@ -44,19 +44,23 @@ _LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)")
 
 
 def parse_importtime(stderr: str) -> dict:
-    """Total and per-top-level-package cumulative microseconds from ``-X importtime`` output."""
-    top: dict[str, int] = {}
+    """From ``-X importtime`` output: the total (sum of the top-level entries' cumulative times) and
+    each distribution's own share (sum of the *self* times of its modules, keyed by the first
+    component of the module name), in microseconds."""
+    own: dict[str, int] = {}
     total = 0
+    modules = 0
     for line in stderr.splitlines():
         m = _LINE.match(line)
         if not m:
             continue
-        cumulative, indent, name = int(m.group(2)), len(m.group(3)), m.group(4)
-        if indent == 1:  # a module imported directly by the top level (not nested)
+        self_us, cumulative, indent, name = int(m.group(1)), int(m.group(2)), len(m.group(3)), m.group(4)
+        modules += 1
+        if indent == 1:  # imported by the top level itself (not nested)
             total += cumulative
-            pkg = name.split(".")[0]
-            top[pkg] = top.get(pkg, 0) + cumulative
-    return {"total_us": total, "by_package_us": dict(sorted(top.items(), key=lambda kv: -kv[1]))}
+        pkg = name.split(".")[0]
+        own[pkg] = own.get(pkg, 0) + self_us
+    return {"total_us": total, "modules": modules, "by_package_us": dict(sorted(own.items(), key=lambda kv: -kv[1]))}
 
 
 def profile(module: str, *, state: str, python: str) -> dict:
@@ -74,8 +78,9 @@ def profile(module: str, *, state: str, python: str) -> dict:
         os.rmdir(tmp)  # nothing was written into it
     parsed = parse_importtime(r.stderr)
     err = None if r.returncode == 0 else r.stderr.strip().splitlines()[-1][:300]
-    return {"wall_s": round(wall, 2), "importtime_s": round(parsed["total_us"] / 1e6, 2), "rc": r.returncode, "error": err,
-            "top": {k: round(v / 1e6, 2) for k, v in list(parsed["by_package_us"].items())[:8]}}
+    return {"wall_s": round(wall, 2), "importtime_s": round(parsed["total_us"] / 1e6, 2), "modules": parsed["modules"],
+            "rc": r.returncode, "error": err,
+            "own_s": {k: round(v / 1e6, 2) for k, v in list(parsed["by_package_us"].items())[:10]}}
 
 
 def main(argv: list[str] | None = None) -> int:

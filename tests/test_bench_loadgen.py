@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from openai_double import MODEL_ID, OpenAIDouble
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import loadgen  # noqa: E402
+from openai_double import MODEL_ID, OpenAIDouble  # noqa: E402
 
 
 def run_loadgen(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

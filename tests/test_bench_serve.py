@@ -77,7 +77,7 @@ def test_trinity_config_passes_trinitys_validation(tmp_path, tiny_model):
 
 DOUBLE_CHILD = f"""
 import sys, time
-sys.path.insert(0, {str(REPO / 'tests')!r})
+sys.path.insert(0, {str(REPO / 'bench')!r})
 from openai_double import OpenAIDouble
 time.sleep(float(sys.argv[1]))  # "start-up" before it listens
 with OpenAIDouble() as d:

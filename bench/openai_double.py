@@ -4,7 +4,13 @@ Real HTTP on loopback (stdlib ThreadingHTTPServer on a free port), with determin
 load generator's tests check against: request number k (1-based, counted across the server's
 life) fails with HTTP 500 when ``k % fail_every == 0``, otherwise answers with
 ``usage.completion_tokens = max_tokens`` (or one less when ``k % short_every == 0``), after
-``delay_s``. Every request body is kept in ``bodies``.
+``delay_s``. Every request body is kept in ``bodies`` (unless ``keep_bodies=False``).
+
+Like vLLM, it returns ``prompt_token_ids`` and per-choice ``token_ids`` when the request asks for
+``return_token_ids``, and per-token ``logprobs.content`` when it asks for ``logprobs``: the fields
+Trinity's proxy records. Used by the tests and by bench/proxy_overhead.py (never for GPU numbers).
+
+    python bench/openai_double.py [--delay-s 0.0]    # prints "URL http://127.0.0.1:PORT", serves until killed
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ MODEL_ID = "test-double-model"
 
 
 class OpenAIDouble:
-    def __init__(self, *, fail_every: int = 0, short_every: int = 0, delay_s: float = 0.0):
+    def __init__(self, *, fail_every: int = 0, short_every: int = 0, delay_s: float = 0.0, keep_bodies: bool = True):
+        self.keep_bodies = keep_bodies
         self.fail_every = fail_every
         self.short_every = short_every
         self.delay_s = delay_s
@@ -56,7 +63,8 @@ class OpenAIDouble:
                 with double._lock:
                     double.count += 1
                     k = double.count
-                    double.bodies.append(body)
+                    if double.keep_bodies:
+                        double.bodies.append(body)
                 if double.delay_s:
                     time.sleep(double.delay_s)
                 if double.fail_every and k % double.fail_every == 0:
@@ -65,11 +73,17 @@ class OpenAIDouble:
                 n = int(body.get("max_tokens", 16))
                 if double.short_every and k % double.short_every == 0:
                     n -= 1
-                self._send(200, {
-                    "id": f"chatcmpl-double-{k}", "object": "chat.completion", "model": MODEL_ID,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * n}, "finish_reason": "length"}],
+                choice = {"index": 0, "message": {"role": "assistant", "content": "x" * n}, "finish_reason": "length"}
+                reply = {
+                    "id": f"chatcmpl-double-{k}", "object": "chat.completion", "model": MODEL_ID, "choices": [choice],
                     "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n},
-                })
+                }
+                if body.get("return_token_ids"):
+                    reply["prompt_token_ids"] = list(range(10))
+                    choice["token_ids"] = [100 + i for i in range(n)]
+                if body.get("logprobs"):
+                    choice["logprobs"] = {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}] * n}
+                self._send(200, reply)
 
         class Server(ThreadingHTTPServer):
             request_queue_size = 256  # the default 5 drops connections at concurrency 32+
@@ -86,3 +100,18 @@ class OpenAIDouble:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="a TEST DOUBLE OpenAI server on a free loopback port")
+    ap.add_argument("--delay-s", type=float, default=0.0)
+    a = ap.parse_args()
+    with OpenAIDouble(delay_s=a.delay_s, keep_bodies=False) as d:
+        print("URL", d.base_url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass

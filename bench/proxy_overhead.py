@@ -1,0 +1,251 @@
+"""The cost of Trinity's proxy itself, without a GPU: its real FastAPI app and recorder in front of a
+TEST DOUBLE upstream (bench/openai_double.py stands in for the vLLM server, which needs a GPU).
+
+What is real: `trinity.explorer.proxy.app` (FastAPI + uvicorn + httpx forwarding, as Trinity runs
+it), `ExplorerService.record_experience` (Trinity's own code: response -> Experience tensors ->
+recorder) and Trinity's recorders (`HistoryRecorder` on SQLite via aiosqlite, or
+`MemoryHistoryRecorder`). What stands in: the service's model allocation (always the one upstream)
+and the upstream itself. So this measures what the proxy adds per request and the most it can
+pass per second on this machine's CPU; the GPU run (serve_vs_bare.py) says whether that matters
+next to real generation.
+
+Variants (``--variants``):
+  hop         forwarding only: record_experience is not called
+  memory      Trinity's MemoryHistoryRecorder (in-process dict)
+  sqlite      Trinity's default: HistoryRecorder, SQLite file on disk (one insert per response)
+  sqlite-shm  the same SQLite file on /dev/shm (tmpfs): explorer.db_url = sqlite:////dev/shm/...
+  sqlite-wal  the SQLite file on disk with `PRAGMA journal_mode=WAL; synchronous=NORMAL` set on every
+              new connection (an SQLAlchemy "connect" event: what a named rftstack patch would do)
+Add ``+quiet`` to a variant (e.g. ``sqlite+quiet``) to run uvicorn without its per-request access
+log (Trinity's `serve_http` keeps uvicorn's default, access log on).
+
+    python bench/proxy_overhead.py --out bench/results/proxy-cpu.json \\
+        [--variants hop,memory,sqlite,sqlite-shm,sqlite-wal,sqlite+quiet] [--concurrency 1,8,32,64] [--requests 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import loadgen  # noqa: E402
+
+VARIANTS = ("hop", "memory", "sqlite", "sqlite-shm", "sqlite-wal")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
+    """Run Trinity's proxy app on ``port`` (this is the child process)."""
+    import uvicorn
+
+    from trinity.explorer.proxy import app as proxy_app
+    from trinity.explorer.proxy.recorder import HistoryRecorder, MemoryHistoryRecorder
+    from trinity.explorer.proxy.service import ExplorerService
+
+    base, _, flag = variant.partition("+")
+
+    class ServiceStandIn:
+        """What app.py calls on the service; the Explorer (engines on a GPU, Ray) is not here."""
+
+        def __init__(self) -> None:
+            self.total_experience_count = 0
+            if base == "memory":
+                self.recorder = MemoryHistoryRecorder()
+            elif base in ("sqlite", "sqlite-shm", "sqlite-wal"):
+                root = "/dev/shm" if base == "sqlite-shm" else workdir
+                fd, path = tempfile.mkstemp(prefix="proxy_history-", suffix=".db", dir=root)
+                os.close(fd)
+                os.unlink(path)
+                self.db_path = path
+                self.recorder = HistoryRecorder(db_url=f"sqlite:///{path}", table_name="proxy_history")
+
+        async def allocate_model(self, increase_count: bool = True):
+            return upstream, 0
+
+        if base != "hop":
+            record_experience = ExplorerService.record_experience  # Trinity's own code
+        else:
+            async def record_experience(self, response, model_version):
+                return None
+
+    if base == "sqlite-wal":
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+
+        @event.listens_for(Engine, "connect")
+        def _wal(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+    service = ServiceStandIn()
+    proxy_app.app.state.service = service
+    proxy_app.app.state.temperature = 1.0
+    proxy_app.app.state.inference_timeout = 300
+    print(f"READY {port}", flush=True)
+    try:
+        if flag == "quiet":
+            asyncio.run(uvicorn.Server(uvicorn.Config(proxy_app.app, host="127.0.0.1", port=port, access_log=False)).serve())
+        else:
+            asyncio.run(proxy_app.serve_http(proxy_app.app, "127.0.0.1", port))  # as Trinity calls it
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on
+        pass
+    finally:
+        p = getattr(service, "db_path", None)
+        if p and os.path.exists(p):
+            import sqlite3
+
+            rows = sqlite3.connect(p).execute("select count(*) from proxy_history").fetchone()[0]
+            print(f"ROWS {rows}", flush=True)
+            os.unlink(p)
+
+
+def wait_http(url: str, proc: subprocess.Popen, limit_s: float) -> None:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer within {limit_s} s")
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen:
+    f = open(log, "w")
+    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="result JSON")
+    ap.add_argument("--variants", default="hop,memory,sqlite,sqlite-shm,sqlite-wal,sqlite+quiet")
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument("--requests", type=int, default=400, help="requests per level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--upstream-delay-s", type=float, default=0.0, help="the double's delay per request")
+    ap.add_argument("--logs", default=None, help="directory for the child logs (default: next to --out)")
+    # internal: the proxy child
+    ap.add_argument("--serve-proxy", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--upstream", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve_proxy:
+        serve_proxy(args.upstream, args.port, args.variant, args.workdir)
+        return 0
+    if not args.out:
+        print("proxy_overhead: --out is required", file=sys.stderr)
+        return 2
+    variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v.partition("+")[0] not in VARIANTS or v.partition("+")[2] not in ("", "quiet")]
+    if bad:
+        print(f"proxy_overhead: unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)} (optionally +quiet)", file=sys.stderr)
+        return 2
+    levels = loadgen.parse_levels(args.concurrency)
+    out = Path(args.out)
+    logs = Path(args.logs) if args.logs else out.parent / (out.stem + "-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
+    result = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+              "command": " ".join([sys.executable, *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "upstream": "TEST DOUBLE (bench/openai_double.py)", "upstream_delay_s": args.upstream_delay_s, "runs": {}}
+
+    def run_load(url: str, label: str) -> dict:
+        return asyncio.run(loadgen.run(url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, label=label,
+                                       warmup=8, level_timeout_s=120, progress=lambda m: print(m, flush=True)))
+
+    double = start([sys.executable, str(HERE / "openai_double.py"), "--delay-s", str(args.upstream_delay_s)], logs / "double.log")
+    try:
+        end = time.monotonic() + 30
+        url = None
+        while url is None and time.monotonic() < end:
+            for line in (logs / "double.log").read_text().splitlines():
+                if line.startswith("URL "):
+                    url = line.split()[1]
+            time.sleep(0.1)
+        if url is None:
+            raise RuntimeError("the test double did not start")
+        result["runs"]["direct"] = run_load(url, "direct to the test double")
+        for v in variants:
+            port = free_port()
+            proxy = start([sys.executable, __file__, "--serve-proxy", "--upstream", url, "--port", str(port), "--variant", v,
+                           "--workdir", str(work)], logs / f"proxy-{v}.log")
+            try:
+                t0 = time.monotonic()
+                wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
+                startup = time.monotonic() - t0
+                r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})")
+                r["proxy_startup_s"] = round(startup, 2)
+            finally:
+                stop(proxy)
+            rows = [ln for ln in (logs / f"proxy-{v}.log").read_text().splitlines() if ln.startswith("ROWS ")]
+            if rows:
+                r["recorded_rows"] = int(rows[-1].split()[1])
+            result["runs"][v] = r
+            out.write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        stop(double)
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    result["summary"] = summary(result)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+    return 0
+
+
+def summary(result: dict) -> dict:
+    """Per variant and level: req/s and p50 latency, and both relative to going direct."""
+    direct = {lv["concurrency"]: lv for lv in result["runs"]["direct"]["levels"]}
+    out = {}
+    for name, run in result["runs"].items():
+        rows = {}
+        for lv in run["levels"]:
+            d = direct.get(lv["concurrency"])
+            rows[str(lv["concurrency"])] = {
+                "req_s": lv["requests_per_s"],
+                "p50_ms": round(1000 * lv["latency_s"]["p50"], 2) if lv["latency_s"]["p50"] is not None else None,
+                "vs_direct": round(lv["requests_per_s"] / d["requests_per_s"], 3) if d and d["requests_per_s"] else None,
+                "added_p50_ms": round(1000 * (lv["latency_s"]["p50"] - d["latency_s"]["p50"]), 2) if d and lv["latency_s"]["p50"] else None,
+                "errors": lv["errors"],
+            }
+        out[name] = rows
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
