@@ -3,7 +3,10 @@
 Phases (each in its own fresh temporary directory under --work, removed afterwards unless --keep):
 
   uv-cold     `uv sync --locked` into a new venv with a new, empty UV_CACHE_DIR (downloads everything)
-  uv-warm     the same again into another new venv, reusing uv-cold's cache
+  uv-warm     the same again into another new venv, reusing uv-cold's cache (or --warm-cache)
+  uv-warm-bytecode  the same with `--compile-bytecode` (uv writes no .pyc by default: without them
+              every new Python process compiles what it imports, and a read-only install such as
+              the Nix store can never cache them)
   pip-report  the report's route: `python -m venv` + `pip install 'trinity-rft[vllm]==0.6.0'`
               (fails to resolve as published: we time it until it fails, or --pip-report-timeout)
   pip-locked  pip installing our exact pinned set (`uv export --no-hashes`) with `--no-deps`
@@ -31,7 +34,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("uv-cold", "uv-warm", "pip-report", "pip-locked")
+PHASES = ("uv-cold", "uv-warm", "uv-warm-bytecode", "pip-report", "pip-locked")
 REPORT_SPEC = "trinity-rft[vllm]==0.6.0"
 
 
@@ -96,7 +99,8 @@ def phase_uv(work: Path, cache: Path, name: str, python: str, timeout: float) ->
     venv = work / f"{name}-venv"
     env = base_env(UV_CACHE_DIR=str(cache), UV_PROJECT_ENVIRONMENT=str(venv), UV_PYTHON=python)
     cache_before = tree_size(cache) if cache.exists() else {"apparent_bytes": 0}
-    r = timed(["uv", "sync", "--locked"], env=env, cwd=REPO, log=work / f"{name}.log", timeout=timeout)
+    argv = ["uv", "sync", "--locked"] + (["--compile-bytecode"] if name.endswith("bytecode") else [])
+    r = timed(argv, env=env, cwd=REPO, log=work / f"{name}.log", timeout=timeout)
     r.update(
         venv=tree_size(venv),
         cache=tree_size(cache),
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="limit per install, seconds")
     ap.add_argument("--pip-report-timeout", type=float, default=900, help="limit for the report's pip route")
     ap.add_argument("--keep", action="store_true", help="keep the venvs and caches (they are large)")
+    ap.add_argument("--warm-cache", default=None, help="an existing UV_CACHE_DIR for the warm phases (instead of uv-cold's)")
     args = ap.parse_args(argv)
 
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -167,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"install_bench: unknown phase {bad[0]!r}; choose from {', '.join(PHASES)}", file=sys.stderr)
         return 2
-    if "uv-warm" in phases and "uv-cold" not in phases:
-        print("install_bench: uv-warm reuses uv-cold's cache; run both together", file=sys.stderr)
+    if any(p.startswith("uv-warm") for p in phases) and "uv-cold" not in phases and not args.warm_cache:
+        print("install_bench: the uv-warm phases reuse uv-cold's cache; run uv-cold too or pass --warm-cache DIR", file=sys.stderr)
         return 2
     found = shutil.which(args.python)
     if not found:
@@ -188,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "phases": {},
     }
-    cache = work / "uv-cache"
+    cache = Path(args.warm_cache) if args.warm_cache and "uv-cold" not in phases else work / "uv-cache"
+    result["uv_cache"] = "fresh (uv-cold)" if cache == work / "uv-cache" else f"existing: {cache}"
 
     def save() -> None:
         (out / "install.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for ph in phases:
             print(f"[install_bench] {ph} ...", flush=True)
-            if ph in ("uv-cold", "uv-warm"):
+            if ph.startswith("uv-"):
                 r = phase_uv(work, cache, ph, python, args.timeout)
             elif ph == "pip-report":
                 r = phase_pip_report(work, python, args.pip_report_timeout)
@@ -207,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", venv {r['venv']['apparent_bytes'] / 1e9:.2f} GB" if "venv" in r else ""), flush=True)
             save()
             # pip venvs are independent copies: remove them at once (disk is the limit here)
-            if ph.startswith("pip") and not args.keep:
+            if not args.keep and (ph.startswith("pip") or ph == "uv-warm-bytecode"):
                 shutil.rmtree(work / f"{ph}-venv", ignore_errors=True)
     finally:
         for log in work.glob("*.log"):

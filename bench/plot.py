@@ -74,7 +74,7 @@ def _machine(result: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def plot_curves(curves: list[tuple[str, dict]], title: str, note: str, out_prefix: Path) -> list[Path]:
+def plot_curves(curves: list[tuple[str, dict]], title: str, note: str, out_prefix: Path, target: float = 0.95) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,9 +83,14 @@ def plot_curves(curves: list[tuple[str, dict]], title: str, note: str, out_prefi
     written = []
     # throughput
     fig, ax = plt.subplots(figsize=(7, 4.6))
+    ys_all = []
     for label, load in curves:
-        ax.plot(*points(load, "tps"), marker="o", label=label)
-    ax.set(xscale="log", xlabel="concurrent requests", ylabel="output tokens / s", title=f"{title}: throughput")
+        xs, ys = points(load, "tps")
+        ys_all += ys
+        ax.plot(xs, ys, marker="o", label=label)
+    spread = max(ys_all) / min(ys_all) if ys_all and min(ys_all) > 0 else 1
+    ax.set(xscale="log", yscale="log" if spread > 20 else "linear", xlabel="concurrent requests",
+           ylabel="output tokens / s", title=f"{title}: throughput")
     _ticks(ax, curves)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -116,7 +121,8 @@ def plot_curves(curves: list[tuple[str, dict]], title: str, note: str, out_prefi
             top = max([top, *(y * 1.05 for y in ys)])
         ax.axhline(1.0, color="0.5", linewidth=0.8)
         ax.set_ylim(0, top)
-        ax.axhline(0.95, color="red", linestyle=":", label="target: 0.95 at concurrency 32")
+        if target:
+            ax.axhline(target, color="red", linestyle=":", label=f"target: {target} at concurrency 32")
         ax.set(xscale="log", xlabel="concurrent requests", ylabel=f"throughput / {base_label}", title=f"{title}: ratio to {base_label}")
         _ticks(ax, curves)
         ax.grid(True, alpha=0.3)
@@ -177,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", default="serve", help="file name prefix (default serve)")
     ap.add_argument("--title", default=None)
     ap.add_argument("--note", default=None, help="caption text (default: the command and machine in the JSON)")
+    ap.add_argument("--target", type=float, default=0.95, help="the ratio target line (0: none)")
     args = ap.parse_args(argv)
     if not args.inputs and not args.loadgen:
         print("plot: no input files; pass serve_vs_bare.py results or --loadgen files", file=sys.stderr)
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         note = args.note or f"{res.get('command', '')}\n{_machine(res)}; {res.get('started', '')}"
         curves = series_from_serve(res)
         if curves:
-            written += plot_curves(curves, args.title or f"{res['label']} model", note, out / f"{args.prefix}-{res['label']}")
+            written += plot_curves(curves, args.title or f"{res['label']} model", note, out / f"{args.prefix}-{res['label']}", args.target)
     if serve_results:
         note = args.note or "\n".join(sorted({_machine(r) for r in serve_results}))
         p = plot_ready(serve_results, note, out / f"{args.prefix}-ready.png")
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             curves.append((lg.get("label") or Path(f).stem, lg))
         note = args.note or f"loadgen.py; host {curves[0][1].get('machine', {}).get('host')}"
-        written += plot_curves(curves, args.title or args.prefix, note, out / args.prefix)
+        written += plot_curves(curves, args.title or args.prefix, note, out / args.prefix, args.target)
     for p in written:
         print(p)
     return 0 if written else 1
