@@ -81,7 +81,7 @@ def find_nvcc(env, version=tool_version) -> Tool:
     else:
         on_path = shutil.which("nvcc", path=env.get("PATH", os.defpath))
         if on_path:
-            home, how = str(Path(on_path).parent.parent), f"nvcc on PATH ({on_path})"
+            home, how = str(Path(on_path).parent.parent), "nvcc on PATH"
         else:
             home, how = "/usr/local/cuda", "the default /usr/local/cuda"
     nvcc = str(Path(home) / "bin" / "nvcc")
