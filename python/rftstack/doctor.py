@@ -71,7 +71,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     from rftstack import netstat
     from rftstack import policy as policy_mod
     from rftstack.checks import config as config_check
-    from rftstack.checks import elf, gpu, model, network, pyenv, ray, rlloop, toolchain, vllm_api
+    from rftstack.checks import elf, gpu, model, network, pyenv, ray_cluster, rlloop, toolchain, vllm_api
 
     skip = set(skip)
     unknown = skip - set(CHECKS)
@@ -136,15 +136,15 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                 max_model_len=get(raw, "explorer.rollout_model.max_model_len") or get(raw, "model.max_model_len"))
         run("model", model_findings)
 
-    ray_address, ray_source = ray.find_address(env)
-    ray_ok = ray.reachable(ray_address) if ray_address and not ray_address.startswith("ray://") else (None, "")
+    ray_address, ray_source = ray_cluster.find_address(env)
+    ray_ok = ray_cluster.reachable(ray_address) if ray_address and not ray_address.startswith("ray://") else (None, "")
     run("network", lambda: network.check(
         int(config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)),
         str(config_check.get(raw or {}, "explorer.listen_address", network.DEFAULT_LISTEN)),
         netstat.listeners(),
         ray_address if ray_ok[0] else None,
         listen_is_default=not config_check.is_set(raw or {}, "explorer.listen_address")))
-    run("ray", lambda: ray.check(ray_address, ray_source, ray_ok[0], ray_ok[1]))
+    run("ray", lambda: ray_cluster.check(ray_address, ray_source, ray_ok[0], ray_ok[1]))
     return run.out
 
 

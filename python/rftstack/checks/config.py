@@ -76,7 +76,9 @@ def model_path(cfg: dict, config_path: str | os.PathLike | None = None) -> str |
 
 def run_probe(config_path: str, gpus_per_node: int = 1, python: str | None = None, timeout: float = 300, cwd=None) -> dict:
     """Run _trinity_probe.py with the stack's Python; its JSON result plus the log lines Trinity printed."""
-    cmd = [python or sys.executable, str(PROBE), str(config_path), str(gpus_per_node)]
+    # -P: do not put the probe's own directory (rftstack/checks, which has modules named like
+    # the packages Trinity imports) in front of sys.path
+    cmd = [python or sys.executable, "-P", str(PROBE), str(config_path), str(gpus_per_node)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
