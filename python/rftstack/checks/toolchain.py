@@ -105,7 +105,7 @@ def check(ptxas: Tool, nvcc: Tool, max_cuda: tuple[int, int] | None, env) -> lis
                            f"Triton will use ptxas {fmt_cuda(ptxas.version)} ({ptxas.chosen_by}: {ptxas.path}) but {drv}, so its kernels fail with \"PTX was compiled with an unsupported toolchain\".",
                            f"Set TRITON_PTXAS_PATH to the ptxas of CUDA <= {fmt_cuda(max_cuda)} (the flake's serve sets it to CUDA 12.8's).", data))
     else:
-        out.append(Finding("toolchain.ptxas", OK, f"Triton will use ptxas {fmt_cuda(ptxas.version)} ({ptxas.chosen_by}), which {drv} runs.", "", data))
+        out.append(Finding("toolchain.ptxas", OK, f"Triton will use ptxas {fmt_cuda(ptxas.version)} ({ptxas.chosen_by}), no newer than the driver's CUDA {fmt_cuda(max_cuda)}.", "", data))
     # FlashInfer's nvcc
     data = dataclasses.asdict(nvcc)
     sampler_off = env.get("VLLM_USE_FLASHINFER_SAMPLER") == "0"
@@ -124,11 +124,11 @@ def check(ptxas: Tool, nvcc: Tool, max_cuda: tuple[int, int] | None, env) -> lis
     elif nvcc.version > max_cuda:
         if sampler_off:
             out.append(Finding("toolchain.nvcc", WARN, f"nvcc {fmt_cuda(nvcc.version)} ({nvcc.chosen_by}) is newer than the driver's CUDA {fmt_cuda(max_cuda)}; VLLM_USE_FLASHINFER_SAMPLER=0 keeps the sampler off it, but any other FlashInfer JIT would fail.",
-                               f"Set CUDA_HOME to a CUDA toolkit <= {fmt_cuda(max_cuda)} (e.g. 12.8).", data))
+                               f"Set CUDA_HOME to a CUDA toolkit <= {fmt_cuda(max_cuda)} (the flake pins 12.8).", data))
         else:
             out.append(Finding("toolchain.nvcc", FAIL,
                                f"FlashInfer's JIT will use nvcc {fmt_cuda(nvcc.version)} ({nvcc.chosen_by}: {nvcc.path}) but {drv}, so the kernels it builds will not load.",
-                               f"Set CUDA_HOME to a CUDA toolkit <= {fmt_cuda(max_cuda)} (e.g. 12.8), or set VLLM_USE_FLASHINFER_SAMPLER=0.", data))
+                               f"Set CUDA_HOME to a CUDA toolkit <= {fmt_cuda(max_cuda)} (the flake pins 12.8), or set VLLM_USE_FLASHINFER_SAMPLER=0.", data))
     else:
-        out.append(Finding("toolchain.nvcc", OK, f"FlashInfer's JIT will use nvcc {fmt_cuda(nvcc.version)} ({nvcc.chosen_by}), which {drv} runs.", "", data))
+        out.append(Finding("toolchain.nvcc", OK, f"FlashInfer's JIT will use nvcc {fmt_cuda(nvcc.version)} ({nvcc.chosen_by}), no newer than the driver's CUDA {fmt_cuda(max_cuda)}.", "", data))
     return out
