@@ -257,8 +257,8 @@ def write_parts(files: list[dict], out: Path, limit: int, meta: dict) -> dict:
     overhead = len(installer) + 4096
     while True:
         capacity = limit - overhead
-        if capacity < 64 * 1024:
-            raise UserError(f"--part-size {limit / 2**20:g} MiB leaves no room next to the installer and manifest ({human_bytes(overhead)}); pass a larger --part-size")
+        if capacity < 8 * 1024:
+            raise UserError(f"--part-size {limit / 2**20:.3g} MiB leaves no room next to the installer and manifest ({human_bytes(overhead)}); pass a larger --part-size")
         layout = bundle_layout.pack(sizes, capacity)
         need = len(installer) + len(_dump(_manifest(files, layout, {}, meta)))
         if need <= overhead:
