@@ -136,12 +136,13 @@ class Lock:
 
 def find_lock(explicit: str | os.PathLike | None = None) -> Path:
     """The uv.lock to use: ``explicit``, $RFTSTACK_LOCK, the source tree's, or the packaged copy."""
-    candidates = [explicit, os.environ.get("RFTSTACK_LOCK"), ROOT_DIR / "uv.lock", Path(__file__).with_name("data") / "uv.lock"]
-    for c in candidates:
+    if explicit:
+        if not Path(explicit).is_file():
+            raise UserError(f"lock file {explicit} does not exist; pass the path of the project's uv.lock")
+        return Path(explicit)
+    for c in (os.environ.get("RFTSTACK_LOCK"), ROOT_DIR / "uv.lock", Path(__file__).with_name("data") / "uv.lock"):
         if c and Path(c).is_file():
             return Path(c)
-    if explicit:
-        raise UserError(f"lock file {explicit} does not exist; pass the path of the project's uv.lock")
     raise UserError("no uv.lock found next to rftstack; pass --lock PATH (the project's uv.lock)")
 
 
