@@ -175,6 +175,8 @@ def gather(items: list[bundle_plan.Item], lock: lockfile.Lock, cache: Path) -> l
         dest = cache / ("sdist" if item.kind == bundle_plan.SDIST else "wheels") / art.filename
         progress.set_label(art.filename)
         state = fetch.download(art.url, dest, art.sha256, art.size, advance=progress.advance)
+        if state == fetch.PRESENT:
+            progress.skip(art.size or 0)
         progress.note(f"[{n}/{len(downloads)}] {art.filename} {human_bytes(art.size or 0)} {state}, sha256 ok")
         if item.kind == bundle_plan.SDIST:
             wheel = build_sdist_wheel(item, dest, cache)

@@ -33,6 +33,7 @@ class Progress:
     def __init__(self, total: int, *, stream=None, tty: bool | None = None, line_interval: float = 10.0, tty_interval: float = 0.2):
         self.total = max(total, 0)
         self.done = 0
+        self.skipped = 0  # bytes counted as done without transfer (already present): not in the rate
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.label = ""
@@ -42,7 +43,7 @@ class Progress:
 
     def rate(self) -> float:
         elapsed = time.monotonic() - self.start
-        return self.done / elapsed if elapsed > 0 else 0.0
+        return (self.done - self.skipped) / elapsed if elapsed > 0 else 0.0
 
     def line(self) -> str:
         rate = self.rate()
@@ -57,6 +58,11 @@ class Progress:
 
     def set_label(self, label: str) -> None:
         self.label = label
+
+    def skip(self, n: int) -> None:
+        """Count ``n`` bytes as done that needed no transfer."""
+        self.done += n
+        self.skipped += n
 
     def advance(self, n: int) -> None:
         self.done += n
