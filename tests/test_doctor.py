@@ -52,8 +52,9 @@ synchronizer:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tinymodel.ensure(tmp_path_factory.mktemp("models") / "tiny")
+def tiny(tiny_model):
+    """The session's tiny Qwen2 model directory (tests/conftest.py)."""
+    return tiny_model
 
 
 def write_config(tmp_path, model_dir, max_model_len=None, name="report.yaml", checkpoint_root=None):
