@@ -92,3 +92,25 @@ def test_real_head_loopback_token_already_running_and_stop(tmp_path):
         assert status.returncode == 1 and json.loads(status.stdout) == {"running": False}
     finally:
         ray_head.stop(head, timeout=2, remove_temp=True)
+
+
+@pytest.mark.slow
+def test_block_runs_in_the_foreground_until_sigint(tmp_path):
+    import signal
+
+    cli = [sys.executable, "-m", "rftstack", "ray-head", "--block", "--state-dir", str(tmp_path), "--num-cpus", "1", "--num-gpus", "0", "--json"]
+    proc = subprocess.Popen(cli, env=rftstack_env(HOME=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tag = None
+    try:
+        info = json.loads(proc.stdout.readline())
+        tag = info["tag"]
+        assert supervisor.tagged(tag)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+        assert supervisor.tagged(tag) == []
+        assert not (tmp_path / "head.json").exists()
+    finally:
+        proc.kill()
+        proc.communicate()
+        if tag:
+            supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)

@@ -315,7 +315,7 @@ def configure(parser) -> None:
 def _report(head: Head, args, **extra) -> None:
     info = {**head.to_json(), "env": head.env(), "pids": [p.pid for p in head.processes()], **extra}
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info), flush=True)
         return
     state = "already running" if extra.get("already_running") else "running"
     print(f"Ray head {state} at {head.address} (loopback only, token auth)")
@@ -323,6 +323,7 @@ def _report(head: Head, args, **extra) -> None:
     print("  connect with:")
     for k, v in head.env().items():
         print(f"    export {k}={v}")
+    sys.stdout.flush()
 
 
 def run(args) -> int:
