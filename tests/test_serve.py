@@ -5,15 +5,10 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from rftstack import netstat, serve, supervisor
-
-from conftest import ROOT, rftstack_env
 
 pytestmark = pytest.mark.slow
 
