@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"rftstack {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # output piped into `head` and the like
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"rftstack {args.command}: interrupted", file=sys.stderr)
         return 130

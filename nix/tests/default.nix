@@ -1,0 +1,158 @@
+# Nix-level tests of nix/lib (nix-unit style: an attrset of { expr; expected; }), runnable with
+# plain `nix-instantiate --eval` through ./run.nix. No nixpkgs: pure functions over builtins,
+# the project's policy.toml and uv.lock, and the hand-written fixtures under ./fixtures.
+let
+  real = import ../lib {
+    policyFile = ../../python/rftstack/data/policy.toml;
+    lockFile = ../../uv.lock;
+  };
+  broken = import ../lib {
+    policyFile = ./fixtures/broken/policy.toml;
+    lockFile = ./fixtures/broken/uv.lock;
+    root = "app";
+  };
+  inherit (real.lib) markers lockLib policyLib closure;
+  env312 = (import ../lib/environ.nix).cpython "3.12.11";
+  env311 = (import ../lib/environ.nix).cpython "3.11.9";
+  failing = rs: map (i: i.name) (builtins.filter (i: !i.ok) (import ../lib/invariants.nix rs));
+  elemOf = xs: x: builtins.elem x xs;
+  script = { script = "edit.sh"; python = "py"; site = "$out/site"; };
+in
+{
+  # --- markers -----------------------------------------------------------------------------
+  testMarkerNull = { expr = markers.evaluate env312 null; expected = true; };
+  testMarkerVersionGe = {
+    expr = map (markers.evaluate env312) [ "python_full_version >= '3.12'" "python_full_version < '3.12'" ];
+    expected = [ true false ];
+  };
+  testMarkerOn311 = { expr = markers.evaluate env311 "python_full_version < '3.12'"; expected = true; };
+  testMarkerAnd = {
+    expr = markers.evaluate env312 "platform_machine == 'x86_64' and implementation_name != 'PyPy'";
+    expected = true;
+  };
+  testMarkerPyPy = { expr = markers.evaluate env312 "implementation_name == 'pypy'"; expected = false; };
+  testMarkerRefusesOr = {
+    expr = (builtins.tryEval (markers.evaluate env312 "sys_platform == 'linux' or sys_platform == 'win32'")).success;
+    expected = false;
+  };
+
+  # --- wheels --------------------------------------------------------------------------------
+  testWheelFits = {
+    expr = map (lockLib.wheelFits 12) [
+      "https://x/torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+      "https://x/torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+      "https://x/vllm-0.23.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+      "https://x/absl_py-2.5.1-py3-none-any.whl"
+      "https://x/foo-1-cp312-cp312-manylinux_2_28_aarch64.whl"
+      "https://x/foo-1-cp313-abi3-manylinux_2_28_x86_64.whl"
+      "https://x/numpy-2.3.5-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+    ];
+    expected = [ true false true true false false true ];
+  };
+  testArtifactOfLockedTorch = {
+    expr = builtins.baseNameOf (lockLib.artifact 12 (lockLib.resolve (lockLib.index real.lock) { name = "torch"; })).url;
+    expected = "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl";
+  };
+  testArtifactFallsBackToSdist = {
+    expr = (lockLib.artifact 12 (lockLib.resolve (lockLib.index broken.lock) { name = "verl"; })).kind;
+    expected = "sdist";
+  };
+
+  # --- policy --------------------------------------------------------------------------------
+  testCanonical = { expr = map policyLib.canonical [ "Trinity_RFT" "ruamel.yaml" "a--b" ]; expected = [ "trinity-rft" "ruamel-yaml" "a-b" ]; };
+  testEditsFromPolicy = {
+    expr = real.edits;
+    expected = {
+      verl = { version = "0.8.0"; replace = [ { was = "numpy<2.0.0"; now = "numpy<2.4,>=2"; } ]; add = [ ]; };
+      trinity-rft = { version = "0.6.0"; replace = [ ]; add = [ "greenlet>=3" ]; };
+    };
+  };
+  testEditCommand = {
+    expr = policyLib.editCommand script "verl" real.edits.verl;
+    expected = "bash edit.sh 'py' \"$out/site\" 'verl' '0.8.0' --replace 'numpy<2.0.0' 'numpy<2.4,>=2'";
+  };
+  testQuoting = { expr = policyLib.q "it's"; expected = "'it'\\''s'"; };
+  testGlobToEre = { expr = policyLib.globToEre "nvidia-*-cu12"; expected = "nvidia-[A-Za-z0-9._-]*-cu12"; };
+  testStripCommand = {
+    expr = policyLib.stripCommand script real.policy "torch" "2.11.0+cu128";
+    expected = "bash edit.sh 'py' \"$out/site\" 'torch' '2.11.0+cu128' --strip 'nvidia-[A-Za-z0-9._-]*-cu12' --strip 'cuda-toolkit'";
+  };
+  testArtifactNames = {
+    expr = builtins.attrNames real.artifacts;
+    expected = [ "torch" "torchaudio" "torchvision" "vllm" ];
+  };
+  testArtifactTorchUrl = {
+    expr = real.artifacts.torch.url;
+    expected = "https://download.pytorch.org/whl/cu128/torch-2.11.0%2Bcu128-cp312-cp312-manylinux_2_28_x86_64.whl";
+  };
+  testReplacementLibrariesIncludeCore = {
+    expr = builtins.all (elemOf real.replacementLibraries) [ "cuda_cudart" "libcublas" "cudnn" "nccl" ];
+    expected = true;
+  };
+  testDuplicateVersionRefused = {
+    expr = (builtins.tryEval (builtins.deepSeq (policyLib.edits {
+      relax = [ { dist = "verl"; version = "0.8.0"; was = "a"; now = "b"; } ];
+      add = [ { dist = "verl"; version = "0.7.1"; requirement = "c"; } ];
+    }) true)).success;
+    expected = false;
+  };
+
+  # --- closure decisions on the real lock ------------------------------------------------------
+  testRewrittenPackages = {
+    expr = real.rewritten;
+    expected = [ "cuda-tile" "humming-kernels" "nvidia-cutlass-dsl" "torch" ];
+  };
+  testDriver570KeepsNvml = {
+    expr = map (elemOf real.flavours.cuda12.names) [ "nvidia-ml-py" "nvidia-cudnn-frontend" "cuda-bindings" "torch" "vllm" "verl" "greenlet" ];
+    expected = [ true true true true true true true ];
+  };
+  testDriver570DropsCuda13 = {
+    expr = builtins.filter (elemOf real.flavours.cuda12.names) real.dropped;
+    expected = [ ];
+  };
+  testCuda13FlavourKeepsCuda13 = {
+    expr = builtins.filter (n: !(elemOf real.flavours.cuda13.names n)) real.dropped;
+    expected = [ ];
+  };
+  testFlavoursDifferOnlyByDrops = {
+    expr = builtins.filter (n: !(elemOf real.flavours.cuda12.names n)) real.flavours.cuda13.names;
+    expected = builtins.sort builtins.lessThan real.dropped;
+  };
+  testOneNetworkxForPython312 = {
+    expr = map (p: p.version) (builtins.filter (p: p.name == "networkx") real.flavours.cuda12.packages);
+    # uv.lock: networkx 3.6.1 for Python < 3.12, 3.7 for >= 3.12.
+    expected = [ "3.7" ];
+  };
+  testDevGroupAddsPytest = {
+    expr = map (elemOf real.flavours.cuda12-dev.names) [ "pytest" "pytest-timeout" ] ++ [ (elemOf real.flavours.cuda12.names "pytest") ];
+    expected = [ true true false ];
+  };
+  testDependentsOf = {
+    expr = closure.dependentsOf broken.lock [ "nvidia-nccl-cu13" ];
+    expected = [ "torch" ];
+  };
+
+  # --- invariants: all hold on the real data, and each one fails on the broken fixture ---------
+  testInvariantsHoldOnRealData = { expr = failing real; expected = [ ]; };
+  testNetworkxOn311 = {
+    expr = map (p: p.version) (builtins.filter (p: p.name == "networkx") (closure.walk {
+      lock = real.lock; environ = env311; root = "rftstack";
+    }));
+    expected = [ "3.6.1" ];
+  };
+  testInvariantsFailOnBrokenFixture = {
+    expr = failing broken;
+    expected = [
+      "no-cuda13-dist-in-driver570-closure"
+      "drop-list-covers-cuda13-metadata"
+      "drop-list-names-lock-dists"
+      "every-drop-has-replacement-or-reason"
+      "cuda12-artifacts-replace-locked-versions"
+      "cuda12-artifacts-have-sha256-and-https"
+      "policy-edits-target-installed-dists"
+      "every-fetched-file-has-a-hash-cuda12"
+      "every-fetched-file-has-a-hash-cuda13"
+      "every-closure-package-has-an-installable-file"
+    ];
+  };
+}

@@ -1,0 +1,33 @@
+# The flake's overlays, data-driven from python/rftstack/data/policy.toml and uv.lock.
+#
+#   cuda          nixpkgs overlay: cudaPackages_12_8 is the one CUDA package set
+#   policy        Python (pyproject.nix set) overlay: [[relax]] and [[add]] applied to dist-info
+#   cuda12        Python overlay: the driver-570 flavour (CUDA 12 artifacts, CUDA 13 dists dropped)
+#   cuda13        Python overlay: the plain PyPI CUDA 13 wheels made linkable
+#   default       nixpkgs overlay adding `rftstack` (driver 570) and `rftstack-cuda13`
+#
+# # Type
+#   import ./overlays { rs :: (import ../nix/lib { ... }); } -> AttrSet
+{ rs, mkPackages ? null }:
+let
+  script = ../nix/scripts/dist-info-edit.sh;
+in
+{
+  cuda = import ./cuda.nix { inherit rs; };
+  policy = import ./policy.nix { inherit rs script; };
+  cuda12 = import ./cuda12.nix { inherit rs script; };
+  cuda13 = import ./cuda13.nix { inherit rs; };
+  native = import ./native.nix;
+  default =
+    final: prev:
+    if mkPackages == null then
+      throw "rftstack: overlays.default needs the flake's package builder (use the flake's overlays.default)"
+    else
+      let
+        out = mkPackages final;
+      in
+      {
+        rftstack = out.cuda12;
+        rftstack-cuda13 = out.cuda13;
+      };
+}
