@@ -4,6 +4,7 @@ which needs a GPU) with real Ray heads: readiness, crash propagation, signals, t
 import importlib.util
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -13,10 +14,11 @@ from rftstack import netstat, serve, supervisor
 pytestmark = pytest.mark.slow
 
 
-def write_config(tmp_path, model="/models/m", **explorer):
+def write_config(tmp_path, model="/models/m", max_model_len=None, **explorer):
     cfg = tmp_path / "cfg.yaml"
     ex = "".join(f"\n  {k}: {v}" for k, v in explorer.items())
-    cfg.write_text(f"mode: serve\nmodel:\n  model_path: {model}\ncluster: {{node_num: 1, gpu_per_node: 1}}\nexplorer:{ex or ' {}'}\n")
+    mm = f"\n  max_model_len: {max_model_len}" if max_model_len else ""
+    cfg.write_text(f"mode: serve\nmodel:\n  model_path: {model}{mm}\ncluster: {{node_num: 1, gpu_per_node: 1}}\nexplorer:{ex or ' {}'}\n")
     return str(cfg)
 
 
@@ -96,12 +98,25 @@ def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, serve_runner):
     assert "mode: serve" in run.stderr and "Traceback" not in run.stderr
 
 
-def test_doctor_guard(tmp_path, serve_runner):
-    if importlib.util.find_spec("rftstack.doctor") is not None:
-        pytest.skip("rftstack.doctor is present: the guard does not apply")
-    run = serve_runner(["-c", write_config(tmp_path)])
-    assert run.finish(timeout=60) == 2
-    assert "--skip-doctor" in run.stderr and "rftstack.doctor" in run.stderr
+def test_preflight_failure_stops_before_anything_starts(tmp_path, tiny_model, serve_runner):
+    """Without --skip-doctor the real doctor runs on the config trinity would get; on this CPU-only
+    machine it finds no NVIDIA driver (a FAIL), so serve stops before Ray or trinity start."""
+    if importlib.util.find_spec("rftstack.doctor") is None:
+        run = serve_runner(["-c", write_config(tmp_path)])
+        assert run.finish(timeout=60) == 2
+        assert "--skip-doctor" in run.stderr and "rftstack.doctor" in run.stderr
+        return
+    if shutil.which("nvidia-smi") or os.path.exists("/proc/driver/nvidia/version"):
+        pytest.skip("an NVIDIA driver is present: the preflight has no reason to fail here")
+    run = serve_runner(["--port", "0", "-c", write_config(tmp_path, model=tiny_model, max_model_len=2048)])
+    assert run.finish(timeout=300) == 1
+    assert "preflight failed" in run.stderr and "gpu.driver" in run.stderr
+    # the doctor saw the effective config: serve's own fixes are not reported as problems
+    assert "rl-loop.weight_sync" in run.stderr and "[WARN] rl-loop.weight_sync" not in run.stderr
+    assert "[WARN] network.listen_address" not in run.stderr and "[FAIL] config.trinity" not in run.stderr
+    assert (run.run_dir / "config.preflight.yaml").exists()
+    assert not (run.run_dir / "ray").exists() and not (run.run_dir / "logs" / "trinity.log").exists()
+    assert run.status()["phase"] == "failed"
 
 
 def test_own_head_is_loopback_only_and_ray_death_stops_trinity(tmp_path, serve_runner):

@@ -148,10 +148,28 @@ class Serve:
         self.status = rundir.Status(self.run.status, run_dir=str(self.run.root), supervisor_pid=os.getpid(), tag=self.tag)
         self.say(f"run directory {self.run.root}")
 
-        user_cfg, config_path = self._user_config()
+        user_cfg, _ = self._user_config()
         if self._interrupted():
             return "stopped by signal", 0
-        self._preflight(config_path)
+
+        # -- decisions that do not need Ray; the preflight checks the config trinity will run
+        port, port_why = choose_port(
+            args.port,
+            serve_config.get(user_cfg, "explorer.proxy_port"),
+            in_use=netstat.port_in_use,
+            free_port=lambda: ray_head.free_ports(1)[0],
+        )
+        model_path = serve_config.get(user_cfg, "model.model_path")
+        max_len = model_max_len(model_path) if isinstance(model_path, str) else None
+
+        def make(ray_address: str):
+            return serve_config.effective(user_cfg, run_dir=str(self.run.root), ray_address=ray_address,
+                                          proxy_port=port, expose=args.expose, model_max_len=max_len)  # fmt: skip
+
+        pre, _ = make(args.ray_address or "auto")
+        preflight = self.run.root / "config.preflight.yaml"
+        rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
+        self._preflight(str(preflight))
         if self._interrupted():
             return "stopped by signal", 0
 
@@ -180,23 +198,10 @@ class Serve:
 
         # -- effective config and environment
         self.phase("config")
-        port, port_why = choose_port(
-            args.port,
-            serve_config.get(user_cfg, "explorer.proxy_port"),
-            in_use=netstat.port_in_use,
-            free_port=lambda: ray_head.free_ports(1)[0],
-        )
-        model_path = serve_config.get(user_cfg, "model.model_path")
-        cfg, changes = serve_config.effective(
-            user_cfg,
-            run_dir=str(self.run.root),
-            ray_address=ray_address,
-            proxy_port=port,
-            expose=args.expose,
-            model_max_len=model_max_len(model_path) if model_path else None,
-        )
+        cfg, changes = make(ray_address)
         rundir.write_atomic(self.run.config, yaml.safe_dump(cfg, sort_keys=False))
         rundir.write_atomic(self.run.changes, json.dumps([c.__dict__ for c in changes], indent=2, default=str) + "\n")
+        self.say(f"proxy port {port} ({port_why})")
         self.say(f"effective config {self.run.config} ({len(changes)} change(s)):")
         for c in changes:
             self.say(f"  {c.render()}")
@@ -311,7 +316,7 @@ class Serve:
         from rftstack.findings import FAIL, render
 
         self.say("preflight: rftstack doctor")
-        findings = collect(config_path)
+        findings = collect(config_path, progress=lambda m: self.say(f"  {m}"))
         text = render(findings)
         if text:
             for line in text.splitlines():
