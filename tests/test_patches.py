@@ -103,3 +103,19 @@ def test_tcp_rendezvous_listens_on_loopback_only_when_patched(site, patched):
         assert outside == []
     else:
         assert outside, "unpatched torch is expected to listen on a wildcard address"
+
+
+def test_standalone_script_on_a_bare_python(site, tmp_path):
+    """The Nix build runs patches.py next to policy.py with a bare Python (no rftstack package)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    pkg = Path(patches.__file__).parent
+    for name in ("patches.py", "policy.py"):
+        shutil.copy(pkg / name, bare / name)
+    cmd = [sys.executable, "-S", "-I", str(bare / "patches.py"), str(site), "--policy", str(pkg / "data" / "policy.toml"),
+           "--patches", str(patches.patches_dir())]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"torch-tcpstore-loopback.patch: {REL}: applied"
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.stdout.strip().endswith("already applied")

@@ -1,5 +1,6 @@
 """Source patches of installed packages, named in policy.toml ([[patch]]), applied identically by
-the Nix build and the non-Nix install (`python -m rftstack.patches <site-packages>`).
+the Nix build and the non-Nix install (`python -m rftstack.patches SITE`, or
+`python3 patches.py SITE --policy policy.toml --patches DIR` as a standalone file in a bare Python).
 
 Standard library only (the Nix build runs it in a bare Python). A patch is a unified diff whose
 paths are relative to site-packages (``a/torch/...``). Application is strict: every hunk's context
@@ -20,6 +21,12 @@ import os
 import re
 import sys
 from pathlib import Path
+
+try:  # run as part of the package, or as a standalone file next to policy.py (like relax.py)
+    from rftstack import policy as _policy
+except ImportError:  # pragma: no cover - exercised by the standalone test
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import policy as _policy  # type: ignore
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -188,27 +195,29 @@ def apply(site: Path, patch_file: Path, *, expect_sha256: str, dist: str, versio
     return results
 
 
-def apply_policy(site: Path, policy=None) -> list[tuple[str, str, str]]:
+def apply_policy(site: Path, policy=None, directory: Path | None = None) -> list[tuple[str, str, str]]:
     """Every [[patch]] of the policy; [(patch file, target file, result)]."""
-    from rftstack import policy as policy_mod
-
-    pol = policy or policy_mod.load()
+    pol = policy or _policy.load()
     out = []
     for p in pol.patches:
-        for path, result in apply(site, patches_dir() / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version):
+        for path, result in apply(site, (directory or patches_dir()) / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version):
             out.append((p.file, path, result))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m rftstack.patches <site-packages directory>", file=sys.stderr)
-        return 2
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="rftstack.patches", description="apply the policy's [[patch]] entries to a site-packages")
+    parser.add_argument("site", type=Path, help="the site-packages directory")
+    parser.add_argument("--policy", type=Path, default=None, help="policy.toml (default: the package's)")
+    parser.add_argument("--patches", type=Path, default=None, help="the patches directory (default: the package's / the repo's)")
+    args = parser.parse_args(argv)
     try:
-        for name, path, result in apply_policy(Path(argv[0])):
+        pol = _policy.load(args.policy)
+        for name, path, result in apply_policy(args.site, pol, args.patches):
             print(f"{name}: {path}: {result}")
-    except PatchError as exc:
+    except (PatchError, _policy.PolicyError) as exc:
         print(f"rftstack patches: {exc}", file=sys.stderr)
         return 1
     return 0
