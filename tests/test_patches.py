@@ -119,3 +119,12 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
     assert out.stdout.strip() == f"torch-tcpstore-loopback.patch: {REL}: applied"
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.stdout.strip().endswith("already applied")
+
+
+def test_state_reports_without_writing(site):
+    before = (site / REL).read_text()
+    assert patches.state(site) == [("torch-tcpstore-loopback.patch", "not applied")]
+    assert (site / REL).read_text() == before
+    apply(site)
+    assert patches.state(site) == [("torch-tcpstore-loopback.patch", "applied")]
+    assert patches.state(site / "nowhere")[0][1].startswith("cannot apply")

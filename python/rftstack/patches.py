@@ -195,6 +195,20 @@ def apply(site: Path, patch_file: Path, *, expect_sha256: str, dist: str, versio
     return results
 
 
+def state(site: Path, policy=None, directory: Path | None = None) -> list[tuple[str, str]]:
+    """Without writing: [(patch file, "applied" | "not applied" | "cannot apply: ...")]."""
+    pol = policy or _policy.load()
+    out = []
+    for p in pol.patches:
+        try:
+            fps = parse(((directory or patches_dir()) / p.file).read_text())
+            results = [apply_text((site / fp.path).read_text(), fp)[1] for fp in fps]
+            out.append((p.file, "applied" if all(r == "already applied" for r in results) else "not applied"))
+        except (OSError, PatchError) as exc:
+            out.append((p.file, f"cannot apply: {exc}"))
+    return out
+
+
 def apply_policy(site: Path, policy=None, directory: Path | None = None) -> list[tuple[str, str, str]]:
     """Every [[patch]] of the policy; [(patch file, target file, result)]."""
     pol = policy or _policy.load()

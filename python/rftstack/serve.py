@@ -76,6 +76,24 @@ def model_max_len(model_path: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def patch_warnings() -> list[str]:
+    """The policy's source patches that are not applied to the installed packages."""
+    import importlib.util
+
+    from rftstack import patches
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return []
+    site = Path(spec.origin).parents[1]
+    return [
+        f"{name} is {st} in {site}: torch's rendezvous store will listen on every interface; "
+        f"run `{sys.executable} -m rftstack.patches {site}` (part of the install)"
+        for name, st in patches.state(site)
+        if st != "applied"
+    ]
+
+
 # ---- the shell ----------------------------------------------------------------------------------
 
 
@@ -205,7 +223,7 @@ class Serve:
         self.say(f"effective config {self.run.config} ({len(changes)} change(s)):")
         for c in changes:
             self.say(f"  {c.render()}")
-        for w in serve_config.warnings(cfg, expose=args.expose):
+        for w in serve_config.warnings(cfg, expose=args.expose) + patch_warnings():
             self.say(f"WARNING: {w}")
         env, notes = serve_config.environment(
             dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)), expose=args.expose
