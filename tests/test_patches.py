@@ -20,7 +20,13 @@ REL = "torch/distributed/rendezvous.py"
 def site(tmp_path):
     """A site-packages holding torch's real rendezvous.py and dist-info (METADATA + a RECORD)."""
     (tmp_path / "torch/distributed").mkdir(parents=True)
-    shutil.copy(SITE / REL, tmp_path / REL)
+    text = (SITE / REL).read_text()
+    # the installed torch may be patched already (CI applies the policy first): start from the original
+    for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
+        back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+        if "_loopback_listen_fd" in text:
+            text = patches.apply_text(text, back)[0]
+    (tmp_path / REL).write_text(text)
     real_info = next(SITE.glob("torch-*.dist-info"))
     info = tmp_path / real_info.name
     info.mkdir()
@@ -128,3 +134,12 @@ def test_state_reports_without_writing(site):
     apply(site)
     assert patches.state(site) == [("torch-tcpstore-loopback.patch", "applied")]
     assert patches.state(site / "nowhere")[0][1].startswith("cannot apply")
+
+
+def test_reversed_patch_restores_the_original(site):
+    original = (site / REL).read_text()
+    apply(site)
+    text = (site / REL).read_text()
+    for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
+        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+    assert text == original

@@ -84,3 +84,15 @@ def test_line_pump_keeps_the_tail():
     assert lines[-1] == "line 299" and len(lines) == 300
     assert pump.tail(2) == ["line 298", "line 299"]
     assert len(pump.lines) == 200
+
+
+def test_hurry_ends_the_grace_periods():
+    tag = f"t-{uuid.uuid4().hex}"
+    proc, a, b = _start("ignore_term", tag)
+    try:
+        res = supervisor.stop(tag=tag, pgid=proc.pid, first=signal.SIGINT, grace_s=3600, term_s=3600,
+                              keep_reaping=[proc.pid], leader=proc.pid, hurry=lambda: True)  # fmt: skip
+        assert res.signals == ["SIGINT", "SIGTERM", "SIGKILL"] and res.left == []
+    finally:
+        supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
+        proc.wait(timeout=10)

@@ -182,7 +182,8 @@ def probe(address: str, env: dict, timeout: float = 90) -> dict:
     """Connect a real Ray driver to ``address``; returns cluster resources or raises UserError."""
     try:
         out = subprocess.run(
-            [sys.executable, "-c", PROBE, address], env=env, capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-c", PROBE, address], env=env, capture_output=True, text=True, timeout=timeout,
+            start_new_session=True,  # a Ctrl-C meant for rftstack must not kill the probe
         )
     except subprocess.TimeoutExpired:
         raise UserError(f"the Ray head at {address} did not answer within {timeout:.0f} s; see its logs") from None
@@ -263,9 +264,9 @@ def _start_once(
     return head
 
 
-def stop(head: Head, timeout: float = 30.0, remove_temp: bool = False) -> supervisor.StopResult:
+def stop(head: Head, timeout: float = 30.0, remove_temp: bool = False, hurry=None) -> supervisor.StopResult:
     """SIGTERM every process of the head, SIGKILL what is left after ``timeout``."""
-    result = supervisor.stop(tag=head.tag, first=signal.SIGTERM, grace_s=timeout, term_s=0, kill_s=10)
+    result = supervisor.stop(tag=head.tag, first=signal.SIGTERM, grace_s=timeout, term_s=0, kill_s=10, hurry=hurry)
     if remove_temp:
         shutil.rmtree(head.temp_dir, ignore_errors=True)
     return result

@@ -127,17 +127,15 @@ class Serve:
             self.status.update(phase=name, **fields)
 
     def _on_signal(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        self.signals.append(name)
-        if len(self.signals) == 1:
-            self.say(f"{name}: stopping (again to stop faster)")
+        # only record it: printing here could re-enter a write the main thread is in the middle of
+        self.signals.append(signal.Signals(signum).name)
 
     # -- main
     def main(self) -> int:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         supervisor.set_subreaper()
-        reason, code = "stopped by signal", 0
+        reason, code = "crashed (a bug in rftstack: see the traceback)", 70
         try:
             reason, code = self._serve()
         except UserError as exc:
@@ -368,6 +366,8 @@ class Serve:
         if self.run is None:
             return True
         self.phase("stopping")
+        if self.signals:
+            self.say(f"{self.signals[0]} received: stopping (send it again to skip the grace periods)")
         fast = len(self.signals) > 1
         timeout = self.args.stop_timeout
         clean = True
@@ -382,6 +382,7 @@ class Serve:
                 term_s=0 if fast else timeout * 0.4,
                 keep_reaping=[self.trinity.pid],
                 leader=self.trinity.pid,
+                hurry=lambda: len(self.signals) > 1,
             )
             try:
                 self.trinity.wait(timeout=5)
@@ -396,7 +397,7 @@ class Serve:
                 self.pump.join(timeout=5)
         if self.head is not None:
             self.say("stopping the Ray head")
-            res = ray_head.stop(self.head, timeout=0 if fast else 10)
+            res = ray_head.stop(self.head, timeout=0 if fast else 10, hurry=lambda: len(self.signals) > 1)
             if res.left:
                 clean = False
                 self.say(f"still alive after SIGKILL: {[(p.pid, p.cmdline[:60]) for p in res.left]}")

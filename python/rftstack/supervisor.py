@@ -145,13 +145,15 @@ def stop(
     keep_reaping: Iterable[int] = (),
     leader: int | None = None,
     on_wait: Callable[[float, int], None] | None = None,
+    hurry: Callable[[], bool] | None = None,
 ) -> StopResult:
     """Stop a process group and every process carrying ``tag``: ``first`` signal to the group,
     SIGTERM to all after ``grace_s``, SIGKILL to all after ``term_s`` more; waits until none is
     left (or ``kill_s`` after SIGKILL). ``first`` goes to the group only (the group leader decides
     how to shut down its own children); escalations go to every process found. When ``leader``
     (the pid the first signal was meant for) is gone, the grace period ends early: what is left
-    then has escaped its leader's shutdown and gets SIGTERM at once.
+    then has escaped its leader's shutdown and gets SIGTERM at once. When ``hurry()`` turns true
+    (a second Ctrl-C), the grace periods end.
     """
     t0 = time.monotonic()
     sent: list[str] = []
@@ -163,7 +165,7 @@ def stop(
         found.pop(os.getpid(), None)
         return list(found.values())
 
-    def wait(limit: float, until_leader_gone: bool = False) -> list[ProcInfo]:
+    def wait(limit: float, until_leader_gone: bool = False, hurryable: bool = True) -> list[ProcInfo]:
         end = time.monotonic() + limit
         while True:
             reap_orphans(keep_reaping)
@@ -171,6 +173,8 @@ def stop(
             if not left or time.monotonic() >= end:
                 return left
             if until_leader_gone and leader is not None and not alive(leader):
+                return left
+            if hurryable and hurry is not None and hurry():
                 return left
             if on_wait:
                 on_wait(time.monotonic() - t0, len(left))
@@ -194,7 +198,7 @@ def stop(
         _signal_group(pgid, signal.SIGKILL)
         _signal((p.pid for p in left), signal.SIGKILL)
         sent.append("SIGKILL")
-        left = wait(kill_s)
+        left = wait(kill_s, hurryable=False)
     return StopResult(sent, left, time.monotonic() - t0)
 
 
