@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,110 @@ def run_cli(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path
     return subprocess.run(
         [sys.executable, "-m", "rftstack", *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
     )
+
+
+# ---- rftstack serve / ray-head -------------------------------------------------------------------
+
+ROOT = REPO
+FAKE_TRINITY = REPO / "tests" / "doubles" / "fake_trinity.py"
+
+
+def rftstack_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "FAKE_TRINITY"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def session_head(tmp_path_factory):
+    """One real loopback Ray head shared by the supervision tests (they join it)."""
+    from rftstack import ray_head
+
+    head = ray_head.start(state_dir=tmp_path_factory.mktemp("head"), num_gpus=0, num_cpus=1)
+    try:
+        yield head
+    finally:
+        ray_head.stop(head, timeout=5, remove_temp=True)
+
+
+class ServeRun:
+    """`python -m rftstack serve ... --json` as a real child process."""
+
+    def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path):
+        self.run_dir = run_dir
+        # stderr (progress lines) goes to a file: a pipe nobody reads would block a long serve
+        self.stderr_path = run_dir.parent / f"{run_dir.name}.stderr"
+        self._stderr_file = open(self.stderr_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rftstack", "serve", "--json", "--run-dir", str(run_dir), *args],
+            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True,
+        )  # fmt: skip
+        self.events: list[dict] = []
+        self.stderr = ""
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_event(self, name: str, timeout: float = 300) -> dict | None:
+        """Read JSON lines until event ``name`` (None if the process ended first)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            line = self.proc.stdout.readline()
+            if not line:
+                return None
+            ev = json.loads(line)
+            self.events.append(ev)
+            if ev["event"] == name:
+                return ev
+        raise AssertionError(f"no {name} event within {timeout} s")
+
+    def finish(self, timeout: float = 240) -> int:
+        out, _ = self.proc.communicate(timeout=timeout)
+        for line in out.splitlines():
+            self.events.append(json.loads(line))
+        self._stderr_file.close()
+        self.stderr = self.stderr_text()
+        return self.proc.returncode
+
+    def status(self) -> dict:
+        return json.loads((self.run_dir / "status.json").read_text())
+
+    def tags(self) -> list[str]:
+        try:
+            st = self.status()
+        except OSError:
+            return []
+        return [t for t in (st.get("tag"), (st.get("ray") or {}).get("tag")) if t]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def serve_runner(tmp_path):
+    runs: list[ServeRun] = []
+
+    def start(args: list[str], fake: str = "", **env_extra) -> ServeRun:
+        env = rftstack_env(
+            RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}",
+            FAKE_TRINITY=fake,
+            FAKE_TRINITY_PIDS=str(tmp_path / "fake-pids.json"),
+            XDG_CACHE_HOME=str(tmp_path / "cache"),
+            **env_extra,
+        )
+        run = ServeRun(args, env, tmp_path, tmp_path / f"run{len(runs)}")
+        runs.append(run)
+        return run
+
+    yield start
+    from rftstack import supervisor
+
+    for run in runs:  # never leave a serve behind, also on failure
+        run.kill()
+        for tag in run.tags():
+            supervisor.stop(tag=tag, first=9, grace_s=5)

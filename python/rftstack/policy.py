@@ -57,12 +57,22 @@ class Artifact:
 
 
 @dataclasses.dataclass(frozen=True)
+class Patch:
+    dist: str
+    version: str
+    file: str  # name under patches/ (repo root; rftstack/data/patches in the wheel)
+    sha256: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     relax: tuple[Relax, ...]
     add: tuple[Add, ...]
     cuda12: dict
     artifacts: tuple[Artifact, ...]
     path: Path
+    patches: tuple[Patch, ...] = ()
 
     def dists(self) -> set[str]:
         """Every distribution whose metadata the policy changes."""
@@ -92,9 +102,10 @@ def load(path: str | os.PathLike | None = None) -> Policy:
         add = tuple(Add(**a) for a in data.get("add", []))
         cuda12 = data.get("cuda12", {})
         artifacts = tuple(Artifact(**a) for a in cuda12.get("artifact", []))
+        patches = tuple(Patch(**p) for p in data.get("patch", []))
     except TypeError as exc:
         raise PolicyError(f"policy file {path} has an entry with wrong keys ({exc})") from None
     for r in relax:
         if requirement_name(r.was) != requirement_name(r.now):
             raise PolicyError(f"policy file {path}: relax of {r.dist} turns {r.was!r} into another package {r.now!r}")
-    return Policy(relax, add, cuda12, artifacts, path)
+    return Policy(relax, add, cuda12, artifacts, path, patches)

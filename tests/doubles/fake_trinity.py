@@ -1,0 +1,97 @@
+"""TEST DOUBLE for `trinity run --config X` in serve mode (the real one needs a GPU).
+
+Reads the effective config like trinity does (explorer.listen_address, explorer.proxy_port),
+serves /health and /v1/models on it, and behaves as FAKE_TRINITY (comma-separated) says:
+
+  crash_after_ready     exit 3 two seconds after the proxy is up
+  exit_at_start         exit 4 at once, before serving
+  never_ready           serve /health with 503 forever
+  ignore_sigint         ignore SIGINT (serve must escalate to SIGTERM)
+  ignore_sigterm        ignore SIGINT and SIGTERM (serve must escalate to SIGKILL)
+  grandchildren         start two `sleep` grandchildren, one in its own session (an escapee)
+  check_ray             connect to the Ray head from the config (cluster.ray_address) first
+
+It writes its pid and its grandchildren's pids to $FAKE_TRINITY_PIDS (a file) when set.
+"""
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import yaml
+
+
+def main() -> int:
+    assert sys.argv[1:3] == ["run", "--config"], sys.argv
+    cfg = yaml.safe_load(open(sys.argv[3]))
+    modes = set(filter(None, os.environ.get("FAKE_TRINITY", "").split(",")))
+    host = cfg["explorer"]["listen_address"]
+    port = int(cfg["explorer"]["proxy_port"])
+    print(f"fake trinity: mode={cfg['mode']} listen={host}:{port} modes={sorted(modes)}", flush=True)
+
+    if "ignore_sigint" in modes or "ignore_sigterm" in modes:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if "ignore_sigterm" in modes:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pids = {"trinity": os.getpid(), "grandchildren": []}
+    if "grandchildren" in modes:
+        a = subprocess.Popen(["sleep", "600"])
+        b = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        pids["grandchildren"] = [a.pid, b.pid]
+    if os.environ.get("FAKE_TRINITY_PIDS"):
+        with open(os.environ["FAKE_TRINITY_PIDS"], "w") as f:
+            json.dump(pids, f)
+    if "check_ray" in modes:
+        import ray
+
+        ray.init(address=cfg["cluster"]["ray_address"], log_to_driver=False)
+        print(f"fake trinity: connected to Ray, resources {ray.cluster_resources()}", flush=True)
+        ray.shutdown()
+    if "exit_at_start" in modes:
+        print("fake trinity: Traceback (most recent call last): simulated start-up failure", flush=True)
+        return 4
+
+    ready = "never_ready" not in modes
+    model = cfg["model"]["model_path"]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/health":
+                code, body = (200, {"status": "ok"}) if ready else (503, {"status": "loading"})
+            elif self.path == "/v1/models" and ready:
+                code, body = 200, {"object": "list", "data": [{"id": model, "object": "model"}]}
+            else:
+                code, body = 404, {"error": "not found"}
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print("fake trinity: loading model ... done; proxy up", flush=True)
+    if "crash_after_ready" in modes:
+        time.sleep(2)
+        print("fake trinity: RuntimeError: simulated engine crash", flush=True)
+        os._exit(3)
+    try:
+        while True:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("fake trinity: SIGINT, shutting down", flush=True)
+        server.shutdown()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
