@@ -504,7 +504,12 @@ class Bench:
         return 0
 
 
+RAY_STOP = True  # --no-ray-stop clears it (a shared machine: never `ray stop --force` there)
+
+
 def ray_stop_force() -> dict:
+    if not RAY_STOP:
+        return {"skipped": "--no-ray-stop"}
     t0 = time.monotonic()
     try:
         r = subprocess.run(["ray", "stop", "--force"], capture_output=True, text=True, timeout=60)
@@ -568,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db-url", default=None, help="explorer.db_url for the proxy's recorder (default: Trinity's sqlite file)")
     ap.add_argument("--no-like-proxy", action="store_true", help="skip the like-proxy / engine-direct load runs")
     ap.add_argument("--ready-only", action="store_true", help="time to ready only, no load (e.g. a warm-cache rerun)")
+    ap.add_argument("--no-ray-stop", action="store_true",
+                    help="do not run `ray stop --force` after the Trinity phases (it stops every Ray on the machine)")
     args = ap.parse_args(argv)
     bad = [p for p in args.phases.split(",") if p.strip() and p.strip() not in PHASES]
     if bad:
@@ -578,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     loadgen.parse_levels(args.concurrency)
+    global RAY_STOP
+    RAY_STOP = not args.no_ray_stop
     bench = Bench(args)
 
     def on_term(signum, frame):
