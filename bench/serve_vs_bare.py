@@ -19,6 +19,8 @@ vLLM phases found in it (weights, torch.compile, CUDA graphs, engine init) in th
         [--phases bare,trinity,manual] [--budget-s 540]
 
 Writes <out>/serve-<label>.json (all phases), <out>/logs/*.log and <out>/work/ (configs, run dirs).
+A later call with the same --label and --out adds its phases to that file (the earlier call is
+listed under "earlier_calls"), so one model may be measured over two time-limited calls.
 """
 
 from __future__ import annotations
@@ -285,6 +287,17 @@ class Bench:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "phases": {},
         }
+        # a later call with the same --label and --out adds its phases to the earlier ones (one
+        # model's bare and trinity phases may need two calls of a time-limited machine)
+        prev = self.out / f"serve-{args.label}.json"
+        if prev.is_file():
+            try:
+                old = json.loads(prev.read_text())
+                self.result["phases"] = {k: v for k, v in old.get("phases", {}).items()}
+                self.result["earlier_calls"] = old.get("earlier_calls", []) + [
+                    {"command": old.get("command"), "started": old.get("started"), "machine": old.get("machine")}]
+            except ValueError:
+                pass
 
     def _model_info(self) -> dict:
         cfg = Path(self.args.model) / "config.json"
@@ -485,8 +498,10 @@ class Bench:
                 self.say(f"{ph}: skipped, {self.remaining():.0f} s left")
                 continue
             self.say(f"{ph}: start")
+            started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             try:
                 self.result["phases"][ph] = getattr(self, f"phase_{ph}")()
+                self.result["phases"][ph].update(started=started, host=platform.node())
             except Exception as exc:  # record, clean up, go on with the next phase
                 self.result["phases"][ph] = {"error": f"{type(exc).__name__}: {exc}"}
             finally:

@@ -143,3 +143,25 @@ def test_bad_phase_and_missing_model_are_one_sentence(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "bench/serve_vs_bare.py"), "--model", str(tmp_path), "--label", "x",
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no config.json" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="on a GPU machine this would really serve")
+def test_dry_run_without_gpu_records_the_failed_start_and_merges_calls(tmp_path, tiny_model):
+    """The real `vllm serve` fails fast without a GPU: the run records it, leaves nothing running,
+    and a second call with the same label adds to the same file."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    argv = [sys.executable, str(REPO / "bench/serve_vs_bare.py"), "--model", str(tiny_model), "--label", "dry",
+            "--out", str(tmp_path), "--phases", "bare", "--budget-s", "200", "--ready-timeout", "120", "--no-ray-stop"]
+    for _ in range(2):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "serve-dry.json").read_text())
+    bare = res["phases"]["bare"]
+    assert bare["ready"]["ready"] is False and "exited with" in bare["ready"]["error"]
+    assert bare["log_tail"] and bare["argv"][:2] == ["vllm", "serve"]
+    assert len(res["earlier_calls"]) == 1
+    assert "[+" in (tmp_path / "logs" / "dry-bare.log").read_text()
