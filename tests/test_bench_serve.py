@@ -165,3 +165,26 @@ def test_dry_run_without_gpu_records_the_failed_start_and_merges_calls(tmp_path,
     assert bare["log_tail"] and bare["argv"][:2] == ["vllm", "serve"]
     assert len(res["earlier_calls"]) == 1
     assert "[+" in (tmp_path / "logs" / "dry-bare.log").read_text()
+
+
+def test_merge_serve_combines_phases_and_recomputes_the_summary(tmp_path):
+    import subprocess
+
+    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
+    a = {"label": "m", "command": "call 1", "phases": {"bare": {"ready": {"ready": True, "first_answer_s": 100.0},
+                                                                "load": {"levels": [lv(32, 1000.0)]}}}}
+    b = {"label": "m", "command": "call 2", "phases": {"trinity": {"ready": {"ready": True, "first_answer_s": 120.0},
+                                                                   "load": {"levels": [lv(32, 960.0)]}}}}
+    for name, r in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(r))
+    r = subprocess.run([sys.executable, str(REPO / "bench/merge_serve.py"), "--out", str(tmp_path / "m.json"),
+                        str(tmp_path / "a.json"), str(tmp_path / "b.json")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert set(m["phases"]) == {"bare", "trinity"} and m["earlier_calls"][0]["command"] == "call 1"
+    assert m["summary"]["ready_ratio_trinity_vs_bare"] == 1.2
+    assert m["summary"]["throughput_ratio"]["32"]["proxy_vs_bare"] == 0.96
+    (tmp_path / "c.json").write_text(json.dumps({**b, "label": "other"}))
+    r = subprocess.run([sys.executable, str(REPO / "bench/merge_serve.py"), "--out", str(tmp_path / "x.json"),
+                        str(tmp_path / "a.json"), str(tmp_path / "c.json")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "different models" in r.stderr
