@@ -105,12 +105,18 @@ class ServeRun:
 
     def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path):
         self.run_dir = run_dir
+        # stderr (progress lines) goes to a file: a pipe nobody reads would block a long serve
+        self.stderr_path = run_dir.parent / f"{run_dir.name}.stderr"
+        self._stderr_file = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rftstack", "serve", "--json", "--run-dir", str(run_dir), *args],
-            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True,
         )  # fmt: skip
         self.events: list[dict] = []
         self.stderr = ""
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
 
     def wait_event(self, name: str, timeout: float = 300) -> dict | None:
         """Read JSON lines until event ``name`` (None if the process ended first)."""
@@ -126,10 +132,11 @@ class ServeRun:
         raise AssertionError(f"no {name} event within {timeout} s")
 
     def finish(self, timeout: float = 240) -> int:
-        out, err = self.proc.communicate(timeout=timeout)
+        out, _ = self.proc.communicate(timeout=timeout)
         for line in out.splitlines():
             self.events.append(json.loads(line))
-        self.stderr += err
+        self._stderr_file.close()
+        self.stderr = self.stderr_text()
         return self.proc.returncode
 
     def status(self) -> dict:
