@@ -151,16 +151,143 @@ def test_cli_bad_policy_is_one_sentence(site, tmp_path):
     assert r.stderr.startswith("rftstack relax: policy file") and "Traceback" not in r.stderr
 
 
-def test_standalone_script_runs_on_a_bare_python(site, tmp_path):
-    """The Nix build and the bundle installer run relax.py + policy.py with only the standard library."""
+def test_standalone_script_runs_on_a_bare_python(torch_site, tmp_path):
+    """relax.py + policy.py + patches.py run with only the standard library."""
+    site = torch_site
     bare = tmp_path / "bare"
     bare.mkdir()
-    for f in ("relax.py", "policy.py"):
+    for f in ("relax.py", "policy.py", "patches.py"):
         shutil.copy(PYTHON_DIR / "rftstack" / f, bare / f)
     shutil.copy(PYTHON_DIR / "rftstack" / "data" / "policy.toml", bare / "policy.toml")
     r = subprocess.run(
-        [sys.executable, "-I", str(bare / "relax.py"), "--site", str(site), "--policy", str(bare / "policy.toml")],
+        [sys.executable, "-I", str(bare / "relax.py"), "--site", str(site), "--policy", str(bare / "policy.toml"),
+         "--patches", str(REPO / "patches")],
         capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0, r.stderr
     assert "numpy<2.4,>=2" in _requires(site / "verl-0.8.0.dist-info")
+    assert f"patch {_torch_patch().file}: applied to torch 2.11.0" in r.stdout
+    assert "_loopback_listen_fd" in (site / TORCH_REL).read_text()
+
+
+# --- [[patch]]: relax applies the policy's source patches too ----------------------------------
+
+TORCH_REL = "torch/distributed/rendezvous.py"
+
+
+def _torch_patch():
+    (p,) = [p for p in policy.load().patches if p.dist == "torch"]
+    return p
+
+
+def _original_rendezvous() -> str:
+    """The installed torch's rendezvous.py as published: un-patched with the patch's reverse when
+    the venv's torch has been patched already (CI runs relax before the tests)."""
+    import torch
+
+    from rftstack import patches
+
+    text = (Path(torch.__file__).parent / "distributed" / "rendezvous.py").read_text()
+    for fp in patches.parse((patches.patches_dir() / _torch_patch().file).read_text()):
+        back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+        text, _ = patches.apply_text(text, back) if "_loopback_listen_fd" in text else (text, None)
+    assert "_loopback_listen_fd" not in text
+    return text
+
+
+@pytest.fixture
+def torch_site(site) -> Path:
+    """``site`` plus a copy of torch's real rendezvous.py and torch's dist-info METADATA and RECORD."""
+    import torch
+
+    real_site = Path(torch.__file__).parent.parent
+    (site / "torch" / "distributed").mkdir(parents=True)
+    (site / TORCH_REL).write_text(_original_rendezvous())
+    real_info = next(real_site.glob("torch-*.dist-info"))
+    shutil.copytree(real_info, site / real_info.name, ignore=shutil.ignore_patterns("*.pyc", "licenses", "LICENSE*"))
+    return site
+
+
+def _record_line(site: Path, rel: str) -> list[str]:
+    record = next(site.glob("torch-*.dist-info/RECORD"))
+    return next(r for r in csv.reader(io.StringIO(record.read_text())) if r and r[0] == rel)
+
+
+def test_relax_applies_policy_patches_and_rehashes_record(torch_site):
+    outcome_dists, outcome_patches = relax.apply_policy([torch_site], policy.load())
+    [pp] = outcome_patches
+    assert (pp.file, pp.dist, pp.state, pp.files) == (_torch_patch().file, "torch", relax.PATCHED, [TORCH_REL])
+    data = (torch_site / TORCH_REL).read_bytes()
+    assert b"_loopback_listen_fd" in data
+    digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    assert _record_line(torch_site, TORCH_REL)[1:] == [digest, str(len(data))]
+    _, again = relax.apply_policy([torch_site], policy.load())
+    assert again[0].state == relax.ALREADY and (torch_site / TORCH_REL).read_bytes() == data
+
+
+def test_patched_file_is_written_through_a_new_inode(torch_site, tmp_path):
+    cache_copy = tmp_path / "cache-rendezvous.py"
+    os.link(torch_site / TORCH_REL, cache_copy)
+    original = cache_copy.read_bytes()
+    relax.apply_policy([torch_site], policy.load())
+    assert cache_copy.read_bytes() == original and (torch_site / TORCH_REL).read_bytes() != original
+
+
+def test_cli_check_reports_pending_patch_then_already(torch_site):
+    import json
+
+    r = run_cli("relax", "--site", str(torch_site), "--check")
+    assert r.returncode == 1
+    assert f"patch {_torch_patch().file}: would apply to torch 2.11.0 ({TORCH_REL})" in r.stdout
+    assert "_loopback_listen_fd" not in (torch_site / TORCH_REL).read_text()  # --check writes nothing
+    r = run_cli("relax", "--site", str(torch_site), "--json")
+    assert r.returncode == 0, r.stderr
+    [p] = json.loads(r.stdout)["patches"]
+    assert (p["patch"], p["state"], p["files"]) == (_torch_patch().file, "applied", [TORCH_REL])
+    r = run_cli("relax", "--site", str(torch_site), "--check")
+    assert r.returncode == 0, r.stdout
+    assert f"patch {_torch_patch().file}: already applied to torch 2.11.0" in r.stdout
+    r = run_cli("relax", "--site", str(torch_site), "--json")
+    assert json.loads(r.stdout)["patches"][0]["state"] == "already"
+
+
+def test_cli_patch_absent_when_torch_is_not_installed(site):
+    import json
+
+    r = run_cli("relax", "--site", str(site), "--json")
+    assert r.returncode == 0
+    assert [p["state"] for p in json.loads(r.stdout)["patches"]] == ["absent"]
+
+
+def _snapshot(site: Path) -> dict:
+    return {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
+
+
+def test_relax_refuses_a_patch_for_another_torch_version_and_writes_nothing(torch_site):
+    meta = next(torch_site.glob("torch-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 2.11.0", "Version: 2.12.0", 1))
+    before = _snapshot(torch_site)
+    r = run_cli("relax", "--site", str(torch_site))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"policy patch {_torch_patch().file} does not fit" in r.stderr and "torch 2.12.0" in r.stderr
+    assert _snapshot(torch_site) == before  # verl and trinity-rft's metadata untouched too
+
+
+def test_relax_refuses_a_file_that_matches_neither_side(torch_site):
+    target = torch_site / TORCH_REL
+    target.write_text(target.read_text().replace("start_daemon = rank == 0", "start_daemon = rank == 1"))
+    before = _snapshot(torch_site)
+    with pytest.raises(UserError, match="matches neither the original nor the patched file"):
+        relax.apply_policy([torch_site], policy.load())
+    assert _snapshot(torch_site) == before
+
+
+def test_relax_refuses_a_patch_file_whose_hash_differs(torch_site, tmp_path):
+    from rftstack import patches
+
+    other = tmp_path / "patches"
+    other.mkdir()
+    text = (patches.patches_dir() / _torch_patch().file).read_text()
+    (other / _torch_patch().file).write_text(text.replace("rftstack patch", "rftstack  patch", 1))
+    with pytest.raises(UserError, match="sha256"):
+        relax.apply_policy([torch_site], policy.load(), patches_dir=other)

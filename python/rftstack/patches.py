@@ -22,9 +22,9 @@ import re
 import sys
 from pathlib import Path
 
-try:  # run as part of the package, or as a standalone file next to policy.py (like relax.py)
+if __package__:  # part of the rftstack package
     from rftstack import policy as _policy
-except ImportError:  # pragma: no cover - exercised by the standalone test
+else:  # pragma: no cover - a standalone file next to policy.py (like relax.py; the standalone test)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import policy as _policy  # type: ignore
 
@@ -138,6 +138,14 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def _replace(path: Path, text: str) -> None:
+    """Write through a new inode: uv installs by hard-linking from its cache, which must stay untouched."""
+    tmp = path.with_name(f".{path.name}.rftstack-tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, path.stat().st_mode & 0o777)
+    os.replace(tmp, path)
+
+
 def _update_record(site: Path, rel: str, data: bytes) -> bool:
     for record in site.glob("*.dist-info/RECORD"):
         rows = list(csv.reader(io.StringIO(record.read_text())))
@@ -149,7 +157,7 @@ def _update_record(site: Path, rel: str, data: bytes) -> bool:
         if hit:
             buf = io.StringIO()
             csv.writer(buf, lineterminator="\n").writerows(rows)
-            record.write_text(buf.getvalue())
+            _replace(record, buf.getvalue())
             return True
     return False
 
@@ -165,8 +173,10 @@ def installed_version(site: Path, dist: str) -> str | None:
     return None
 
 
-def apply(site: Path, patch_file: Path, *, expect_sha256: str, dist: str, version: str) -> list[tuple[str, str]]:
-    """Apply one policy patch to the site-packages dir ``site``; [(file, result)]."""
+def apply(site: Path, patch_file: Path, *, expect_sha256: str, dist: str, version: str, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Apply one policy patch to the site-packages dir ``site``; [(file, "applied" | "already applied")].
+
+    With ``dry_run`` every check runs and nothing is written ("applied" then means "would apply")."""
     got = sha256(patch_file)
     if got != expect_sha256:
         raise PatchError(f"{patch_file} has sha256 {got}, the policy says {expect_sha256}; restore the file or update the policy")
@@ -183,11 +193,8 @@ def apply(site: Path, patch_file: Path, *, expect_sha256: str, dist: str, versio
         new, result = apply_text(target.read_text(), fp)
         plans.append((target, fp, new, result))
     for target, fp, new, result in plans:  # all hunks checked before any file is written
-        if result == "applied":
-            tmp = target.with_name(f".{target.name}.rftstack-tmp")
-            tmp.write_text(new)
-            os.chmod(tmp, target.stat().st_mode & 0o777)
-            os.replace(tmp, target)
+        if result == "applied" and not dry_run:
+            _replace(target, new)
             _update_record(site, fp.path, new.encode())
             for cached in target.parent.glob(f"__pycache__/{target.stem}.*.pyc"):
                 cached.unlink()
@@ -209,11 +216,14 @@ def state(site: Path, policy=None, directory: Path | None = None) -> list[tuple[
     return out
 
 
-def apply_policy(site: Path, policy=None, directory: Path | None = None) -> list[tuple[str, str, str]]:
-    """Every [[patch]] of the policy; [(patch file, target file, result)]."""
+def apply_policy(site: Path, policy=None, directory: Path | None = None, dists: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """Every [[patch]] of the policy (only those of ``dists`` when given); [(patch file, target file, result)]."""
     pol = policy or _policy.load()
+    want = None if dists is None else {_policy.canonical(d) for d in dists}
     out = []
     for p in pol.patches:
+        if want is not None and _policy.canonical(p.dist) not in want:
+            continue
         for path, result in apply(site, (directory or patches_dir()) / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version):
             out.append((p.file, path, result))
     return out
@@ -226,10 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("site", type=Path, help="the site-packages directory")
     parser.add_argument("--policy", type=Path, default=None, help="policy.toml (default: the package's)")
     parser.add_argument("--patches", type=Path, default=None, help="the patches directory (default: the package's / the repo's)")
+    parser.add_argument("--dist", action="append", default=None, help="only the patches of this distribution (repeatable; the Nix build patches one derivation at a time)")
     args = parser.parse_args(argv)
     try:
         pol = _policy.load(args.policy)
-        for name, path, result in apply_policy(args.site, pol, args.patches):
+        for name, path, result in apply_policy(args.site, pol, args.patches, args.dist):
             print(f"{name}: {path}: {result}")
     except (PatchError, _policy.PolicyError) as exc:
         print(f"rftstack patches: {exc}", file=sys.stderr)

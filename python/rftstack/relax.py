@@ -1,13 +1,16 @@
-"""Apply the policy's metadata changes to installed distributions, so `pip check` is clean.
+"""Apply the policy to installed distributions: relaxations, additions, patches.
 
 For each distribution the policy names, rewrites Requires-Dist lines in its dist-info METADATA
 (relax: `was` -> `now`; add: a missing requirement) and the METADATA entry of its RECORD (sha256,
-size). Idempotent. Refuses, before writing anything, when an installed version or a METADATA line
-is not what the policy was written for. Files are replaced, never edited in place: uv installs by
-hard-linking from its cache, which must stay untouched.
+size), so `pip check` is clean; then applies the policy's source patches ([[patch]], strictly,
+with patches.py: exact context, the patch file's sha256 and the installed version checked; the
+RECORD line of each patched file re-hashed). Idempotent. Refuses, before writing anything, when an
+installed version, a METADATA line or a patched file is not what the policy was written for.
+Files are replaced, never edited in place: uv installs by hard-linking from its cache, which must
+stay untouched.
 
-Standard library only: the Nix build and the offline bundle's installer run this file with a bare
-Python (`python3 relax.py --site DIR --policy policy.toml`).
+Standard library only: it also runs as a standalone file next to policy.py and patches.py in a
+bare Python (`python3 relax.py --site DIR --policy policy.toml --patches DIR`).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-try:  # run as part of the package, or as a standalone file next to policy.py
+if __package__:  # part of the rftstack package
+    from rftstack import patches as _patches
     from rftstack import policy as _policy
     from rftstack.errors import UserError
-except ImportError:  # pragma: no cover - exercised by the standalone test
+else:  # pragma: no cover - a standalone file next to policy.py and patches.py (the standalone test)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import patches as _patches  # type: ignore
     import policy as _policy  # type: ignore
 
     class UserError(Exception):  # type: ignore[no-redef]
@@ -39,6 +44,8 @@ except ImportError:  # pragma: no cover - exercised by the standalone test
 
 
 APPLIED, CHANGED, ABSENT = "applied", "changed", "absent"
+# states of a [[patch]]: applied by this run, already applied before, would be applied (--check)
+PATCHED, ALREADY, PENDING = "applied", "already", "pending"
 
 
 @dataclasses.dataclass
@@ -140,6 +147,45 @@ def plan_dist(sites: list[Path], dist: str, pol: _policy.Policy) -> Plan:
     return Plan(dist, version, d, edits, new if new != text else None)
 
 
+@dataclasses.dataclass
+class PatchPlan:
+    """What relax does with one policy [[patch]]."""
+
+    file: str  # the patch's name under patches/
+    dist: str
+    version: str | None  # installed version, None when absent
+    site: Path | None
+    files: list[str]  # the files it patches, relative to site-packages
+    state: str  # PATCHED | ALREADY | PENDING | ABSENT
+
+
+def plan_patches(sites: list[Path], pol: _policy.Policy, directory: Path) -> list[PatchPlan]:
+    """Check every policy patch against the installed files (nothing written); refuses on mismatch."""
+    out = []
+    for p in pol.patches:
+        site = next((s for s in sites if s.is_dir() and _patches.installed_version(s, p.dist) is not None), None)
+        if site is None:
+            out.append(PatchPlan(p.file, p.dist, None, None, [], ABSENT))
+            continue
+        try:
+            results = _patches.apply(site, directory / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version, dry_run=True)
+        except OSError as exc:
+            raise UserError(f"cannot read the policy patch {p.file} ({exc.strerror}: {exc.filename}); pass --patches DIR (the repository's patches/)") from None
+        except _patches.PatchError as exc:
+            raise UserError(f"policy patch {p.file} does not fit {site}: {exc}") from None
+        state = PENDING if any(r == "applied" for _, r in results) else ALREADY
+        out.append(PatchPlan(p.file, p.dist, _patches.installed_version(site, p.dist), site, [f for f, _ in results], state))
+    return out
+
+
+def apply_patch(plan: PatchPlan, pol: _policy.Policy, directory: Path) -> None:
+    if plan.state != PENDING or plan.site is None:
+        return
+    (p,) = [p for p in pol.patches if p.file == plan.file]
+    _patches.apply(plan.site, directory / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version)
+    plan.state = PATCHED
+
+
 def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -182,19 +228,29 @@ def default_sites() -> list[Path]:
     return list(dict.fromkeys(Path(paths[k]) for k in ("purelib", "platlib")))
 
 
-def relax(sites: list[Path], pol: _policy.Policy, *, dry_run: bool = False) -> list[Plan]:
-    """Plan every distribution first (refusing on any mismatch), then apply."""
+def apply_policy(sites: list[Path], pol: _policy.Policy, *, dry_run: bool = False, patches_dir: Path | None = None) -> tuple[list[Plan], list[PatchPlan]]:
+    """Plan every metadata change and every patch first (refusing on any mismatch), then apply."""
+    directory = patches_dir or _patches.patches_dir()
     plans = [plan_dist(sites, dist, pol) for dist in sorted(pol.dists())]
+    patch_plans = plan_patches(sites, pol, directory)
     if not dry_run:
         for p in plans:
             apply(p)
-    return plans
+        for pp in patch_plans:
+            apply_patch(pp, pol, directory)
+    return plans, patch_plans
+
+
+def relax(sites: list[Path], pol: _policy.Policy, *, dry_run: bool = False, patches_dir: Path | None = None) -> list[Plan]:
+    """apply_policy, returning the metadata plans (the patches are applied too)."""
+    return apply_policy(sites, pol, dry_run=dry_run, patches_dir=patches_dir)[0]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--site", action="append", type=Path, help="site-packages directory (default: this interpreter's); repeatable")
     parser.add_argument("--policy", help="policy file (default: the one shipped with rftstack)")
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a change is pending")
+    parser.add_argument("--patches", type=Path, help="directory of the policy's patch files (default: the one shipped with rftstack)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a change or a patch is pending")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -204,8 +260,8 @@ def run(args) -> int:
     except _policy.PolicyError as exc:
         raise UserError(str(exc)) from None
     sites = args.site or default_sites()
-    plans = relax(sites, pol, dry_run=args.check)
-    pending = [p for p in plans if p.state == CHANGED]
+    plans, patch_plans = apply_policy(sites, pol, dry_run=args.check, patches_dir=getattr(args, "patches", None))
+    pending = [p for p in plans if p.state == CHANGED] + [p for p in patch_plans if p.state == PENDING]
     if args.json:
         print(json.dumps({
             "sites": [str(s) for s in sites],
@@ -214,6 +270,11 @@ def run(args) -> int:
                 {"dist": p.dist, "version": p.version, "state": p.state, "edits": p.edits,
                  "dist_info": str(p.dist_info) if p.dist_info else None}
                 for p in plans
+            ],
+            "patches": [
+                {"patch": p.file, "dist": p.dist, "version": p.version, "state": p.state, "files": p.files,
+                 "site": str(p.site) if p.site else None}
+                for p in patch_plans
             ],
         }, indent=2))
     else:
@@ -225,6 +286,15 @@ def run(args) -> int:
             else:
                 verb = "would change" if args.check else "changed"
                 print(f"{p.dist} {p.version}: {verb}: {'; '.join(p.edits)}")
+        for p in patch_plans:
+            if p.state == ABSENT:
+                print(f"patch {p.file}: {p.dist} not installed here, nothing to do")
+            elif p.state == ALREADY:
+                print(f"patch {p.file}: already applied to {p.dist} {p.version} ({', '.join(p.files)})")
+            elif p.state == PENDING:
+                print(f"patch {p.file}: would apply to {p.dist} {p.version} ({', '.join(p.files)})")
+            else:
+                print(f"patch {p.file}: applied to {p.dist} {p.version} ({', '.join(p.files)})")
     return 1 if (args.check and pending) else 0
 
 
