@@ -172,40 +172,14 @@ def test_standalone_script_runs_on_a_bare_python(torch_site, tmp_path):
 
 # --- [[patch]]: relax applies the policy's source patches too ----------------------------------
 
-TORCH_REL = "torch/distributed/rendezvous.py"
-
-
-def _torch_patch():
-    (p,) = [p for p in policy.load().patches if p.dist == "torch"]
-    return p
-
-
-def _original_rendezvous() -> str:
-    """The installed torch's rendezvous.py as published: un-patched with the patch's reverse when
-    the venv's torch has been patched already (CI runs relax before the tests)."""
-    import torch
-
-    from rftstack import patches
-
-    text = (Path(torch.__file__).parent / "distributed" / "rendezvous.py").read_text()
-    for fp in patches.parse((patches.patches_dir() / _torch_patch().file).read_text()):
-        back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
-        text, _ = patches.apply_text(text, back) if "_loopback_listen_fd" in text else (text, None)
-    assert "_loopback_listen_fd" not in text
-    return text
+from patch_helpers import TORCH_REL, add_torch
+from patch_helpers import torch_patch as _torch_patch
 
 
 @pytest.fixture
 def torch_site(site) -> Path:
     """``site`` plus a copy of torch's real rendezvous.py and torch's dist-info METADATA and RECORD."""
-    import torch
-
-    real_site = Path(torch.__file__).parent.parent
-    (site / "torch" / "distributed").mkdir(parents=True)
-    (site / TORCH_REL).write_text(_original_rendezvous())
-    real_info = next(real_site.glob("torch-*.dist-info"))
-    shutil.copytree(real_info, site / real_info.name, ignore=shutil.ignore_patterns("*.pyc", "licenses", "LICENSE*"))
-    return site
+    return add_torch(site)
 
 
 def _record_line(site: Path, rel: str) -> list[str]:

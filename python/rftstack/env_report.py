@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from rftstack import lockfile, policy, relax
+from rftstack import lockfile, patches, policy, relax
 from rftstack.errors import UserError
 
 KEY_PACKAGES = ("trinity-rft", "vllm", "verl", "torch", "torchvision", "torchaudio", "transformers", "numpy",
@@ -68,6 +68,19 @@ def cuda_flavour(site: Path) -> dict[str, str | None]:
     return out
 
 
+def patch_states(sites: list[Path], pol: policy.Policy, directory: Path | None = None) -> list[dict]:
+    """Per policy [[patch]], without writing: applied ("already"), "pending", "absent", or "mismatch"
+    (the installed version or file is not what the patch was written for) with the reason."""
+    out = []
+    for p in pol.patches:
+        try:
+            [pp] = relax.plan_patches(sites, dataclasses.replace(pol, patches=(p,)), directory or patches.patches_dir())
+            out.append({"patch": p.file, "dist": p.dist, "version": pp.version, "state": pp.state, "files": pp.files})
+        except UserError as exc:
+            out.append({"patch": p.file, "dist": p.dist, "version": None, "state": "mismatch", "files": [], "reason": str(exc)})
+    return out
+
+
 def report(lock_path=None) -> dict:
     lock = lockfile.load(lock_path)
     wanted = lock.resolve(lockfile.current_environment(), groups=("dev",))
@@ -75,7 +88,7 @@ def report(lock_path=None) -> dict:
     rows = compare(locked, installed_versions())
     pol = policy.load()
     sites = relax.default_sites()
-    plans = relax.relax(sites, pol, dry_run=True)
+    plans = [relax.plan_dist(sites, dist, pol) for dist in sorted(pol.dists())]
     return {
         "lock": str(lock.path),
         "lock_sha256": lock.sha256,
@@ -87,6 +100,7 @@ def report(lock_path=None) -> dict:
         "problems": [dataclasses.asdict(r) | {"state": r.state} for r in rows if r.state in ("differs", "missing")],
         "extra": [r.name for r in rows if r.state == "extra"],
         "policy": [{"dist": p.dist, "version": p.version, "state": p.state, "pending": p.edits} for p in plans],
+        "patches": patch_states(sites, pol),
     }
 
 
@@ -101,7 +115,9 @@ def run(args) -> int:
     except (policy.PolicyError, relax.UserError) as exc:  # relax.UserError is rftstack's when packaged
         raise UserError(str(exc)) from None
     pending = [p for p in rep["policy"] if p["state"] == relax.CHANGED]
-    bad = bool(rep["problems"] or pending)
+    pending_patches = [p for p in rep["patches"] if p["state"] == relax.PENDING]
+    mismatched = [p for p in rep["patches"] if p["state"] == "mismatch"]
+    bad = bool(rep["problems"] or pending or pending_patches or mismatched)
     if args.json:
         print(json.dumps(rep | {"ok": not bad}, indent=2))
         return 1 if bad else 0
@@ -116,10 +132,16 @@ def run(args) -> int:
         state = {"applied": "relaxed as the policy wants", "absent": "not installed",
                  "changed": "NOT relaxed yet: " + "; ".join(p["pending"])}[p["state"]]
         print(f"policy  {p['dist']} {p['version'] or ''}: {state}")
+    for p in rep["patches"]:
+        state = {"already": "applied", "absent": "not installed", "pending": "NOT applied yet",
+                 "mismatch": "CANNOT apply: " + p.get("reason", "")}[p["state"]]
+        print(f"patch   {p['patch']} ({p['dist']} {p['version'] or ''}): {state}")
     for prob in rep["problems"]:
         print(f"PROBLEM {prob['name']}: locked {prob['locked']}, installed {prob['installed'] or 'nothing'}")
     if rep["problems"]:
         print("fix: run `uv sync --locked` (or reinstall the bundle) so the environment matches uv.lock")
-    if pending:
-        print("fix: run `rftstack relax` to apply the policy's metadata changes")
+    if pending or pending_patches:
+        print("fix: run `rftstack relax` to apply the policy (relaxations, additions, patches)")
+    if mismatched:
+        print("fix: reinstall the locked versions (`uv sync --locked`), then run `rftstack relax`")
     return 1 if bad else 0
