@@ -88,6 +88,32 @@ if bash -c "$(gen 'rs.lib.policyLib.editCommand a "verl" rs.edits.verl')" 2>/dev
   bad "edit refuses metadata that does not match policy" "second run succeeded"
 else ok "edit refuses metadata that does not match policy"; fi
 
+# 3b. policy [[patch]]: the command nix/lib generates (patches.py --dist), run on a fixture site whose
+# torch/distributed/rendezvous.py holds the unpatched side of every hunk (a test double of the
+# installed file: the hunks' context only) and a torch 2.11.0+cu128 dist-info (the driver-570 build).
+psite=$tmp/psite
+mkdir -p "$psite/torch/distributed" "$psite/torch-2.11.0+cu128.dist-info"
+printf 'Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu128\n' > "$psite/torch-2.11.0+cu128.dist-info/METADATA"
+python3 - "$repo/patches/torch-tcpstore-loopback.patch" "$psite" <<'PY'
+import sys, pathlib
+sys.path.insert(0, "python/rftstack")
+import patches
+site = pathlib.Path(sys.argv[2])
+for fp in patches.parse(pathlib.Path(sys.argv[1]).read_text()):
+    body = "\n# ---- fixture gap ----\n".join("\n".join(h.before) for h in fp.hunks) + "\n"
+    (site / fp.path).write_text(body)
+    (site / "torch-2.11.0+cu128.dist-info/RECORD").write_text(f"{fp.path},sha256=stale,1\n")
+PY
+pgen() { "${NIX[@]}" eval --raw --impure --expr "let rs = import $repo/nix/lib { policyFile = $repo/python/rftstack/data/policy.toml; lockFile = $repo/uv.lock; patchesDir = $repo/patches; }; in rs.lib.policyLib.patchCommand { tool = \"$repo/python/rftstack\"; python = \"python3\"; site = \"$psite\"; policyFile = \"$repo/python/rftstack/data/policy.toml\"; patchesDir = \"$repo/patches\"; } \"torch\""; }
+rdv=$psite/torch/distributed/rendezvous.py
+if pcmd=$(pgen 2>"$tmp/err") && out=$(bash -c "$pcmd" 2>"$tmp/err") && grep -q "_loopback_listen_fd" "$rdv" \
+   && grep -q "^torch/distributed/rendezvous.py,sha256=$(python3 -c 'import base64,hashlib,sys; print(base64.urlsafe_b64encode(hashlib.sha256(open(sys.argv[1],"rb").read()).digest()).rstrip(b"=").decode())' "$rdv")," "$psite/torch-2.11.0+cu128.dist-info/RECORD"; then
+  ok "patch torch from policy [[patch]] (RECORD re-hashed)"; else bad "patch torch from policy [[patch]]" "$out $(cat "$tmp/err")"; fi
+if out=$(bash -c "$pcmd" 2>&1) && [[ "$out" == *"already applied"* ]]; then ok "patch is idempotent"; else bad "patch is idempotent" "$out"; fi
+sed -i 's/start_daemon = rank == 0/start_daemon = rank == 1/' "$rdv"
+if bash -c "$pcmd" >/dev/null 2>"$tmp/err"; then bad "patch refuses a file matching neither side" "it succeeded"
+elif grep -q "matches neither" "$tmp/err"; then ok "patch refuses a file matching neither side"; else bad "patch refuses a file matching neither side" "$(cat "$tmp/err")"; fi
+
 # 4. host driver discovery on fake host trees (test doubles: empty files named like the libs)
 host=$tmp/host
 mkdir -p "$host/usr/lib/x86_64-linux-gnu" "$host/nixos/run/opengl-driver/lib"

@@ -17,6 +17,7 @@ let
   rs = import ./lib {
     policyFile = ../python/rftstack/data/policy.toml;
     lockFile = ../uv.lock;
+    patchesDir = ../patches;
   };
 
   # Build both flavours on a package set that has the cuda overlay applied.

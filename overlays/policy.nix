@@ -1,22 +1,41 @@
-# Python overlay: policy.toml's [[relax]] and [[add]] applied to the installed dist-info of each
-# named distribution (METADATA rewritten, RECORD re-hashed), so `pip check` in the env is clean.
-# The edits and their shell arguments come from nix/lib/policy.nix (builtins.fromTOML); the
-# script refuses metadata that does not match the policy, so a stale entry fails the build.
+# Python overlay: policy.toml applied to the installed files of each named distribution:
+#   [[relax]] and [[add]]: dist-info METADATA rewritten, RECORD re-hashed, so `pip check` in the env
+#     is clean (nix/scripts/dist-info-edit.sh);
+#   [[patch]]: the source patches of patches/, applied strictly by python/rftstack/patches.py (the
+#     same applier as `rftstack relax`), RECORD re-hashed.
+# The edits, patches and their shell arguments come from nix/lib/policy.nix (builtins.fromTOML;
+# patch files' sha256 checked at evaluation); both tools refuse files that do not match the
+# policy, so a stale entry fails the build.
 #
 # # Type
-#   import ./policy.nix { rs; script :: Path; } -> (final: prev: AttrSet)
-{ rs, script }:
+#   import ./policy.nix { rs; script :: Path; patchTool :: { tool; policyFile; patchesDir; } } -> (final: prev: AttrSet)
+{ rs, script, patchTool }:
 final: prev:
-builtins.mapAttrs (
-  dist: edit:
-  prev.${dist}.overrideAttrs (old: {
-    postInstall =
-      (old.postInstall or "")
-      + "\n"
-      + rs.lib.policyLib.editCommand {
-        script = "${script}";
-        python = final.python.pythonOnBuildForHost.interpreter;
-        site = "$out/${final.python.sitePackages}";
-      } dist edit;
-  })
-) rs.edits
+let
+  python = final.python.pythonOnBuildForHost.interpreter;
+  site = "$out/${final.python.sitePackages}";
+  commands =
+    dist:
+    (if rs.edits ? ${dist} then [ (rs.lib.policyLib.editCommand { script = "${script}"; inherit python site; } dist rs.edits.${dist}) ] else [ ])
+    ++ (
+      if rs.patches ? ${dist} then
+        [
+          (rs.lib.policyLib.patchCommand {
+            tool = "${patchTool.tool}";
+            policyFile = "${patchTool.policyFile}";
+            patchesDir = "${patchTool.patchesDir}";
+            inherit python site;
+          } dist)
+        ]
+      else
+        [ ]
+    );
+in
+builtins.listToAttrs (
+  map (dist: {
+    name = dist;
+    value = prev.${dist}.overrideAttrs (old: {
+      postInstall = builtins.concatStringsSep "\n" ([ (old.postInstall or "") ] ++ commands dist);
+    });
+  }) (builtins.attrNames (rs.edits // rs.patches))
+)

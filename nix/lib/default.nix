@@ -2,7 +2,7 @@
 # nixpkgs), shared by the overlays, the invariants and the Nix-level tests.
 #
 # # Type
-#   import ./nix/lib { policyFile :: Path; lockFile :: Path; pythonVersion :: String; root :: String }
+#   import ./nix/lib { policyFile :: Path; lockFile :: Path; pythonVersion :: String; root :: String; patchesDir :: Path | null }
 #     -> AttrSet
 #
 # # Example
@@ -14,6 +14,9 @@
   # The interpreter the flake builds with (nixpkgs' python312); only major.minor matters here.
   pythonVersion ? "3.12.11",
   root ? "rftstack",
+  # The repository's patches/ (policy [[patch]] files); null: no patches are applied (the
+  # invariant every-policy-patch-is-applied then fails for a policy that names some).
+  patchesDir ? null,
 }:
 let
   markers = import ./markers.nix;
@@ -58,6 +61,8 @@ in
 
   artifacts = policyLib.artifacts policy;
   edits = policyLib.edits policy;
+  patches = if patchesDir == null then { } else policyLib.patches policy patchesDir;
+  inherit patchesDir;
   replacementLibraries = policyLib.replacementLibraries policy;
 
   flavours = {

@@ -68,6 +68,26 @@ let
     a: builtins.match "[0-9a-f]{64}" a.sha256 == null || builtins.match "https://.*" a.url == null
   ) (builtins.attrValues rs.artifacts);
 
+  # Policy [[patch]] entries that the policy overlay does not apply as written: no patches dir, a
+  # file missing or not matching its sha256, not in rs.patches, or a dist not in both closures at
+  # the version the patch is for.
+  patchNotApplied = builtins.filter (
+    p:
+    let
+      dist = rs.lib.policyLib.canonical p.dist;
+      file = rs.patchesDir + "/${p.file}";
+    in
+    rs.patchesDir == null
+    || !(builtins.pathExists file)
+    || builtins.hashFile "sha256" file != p.sha256
+    || !(rs.patches ? ${dist})
+    || !(builtins.elem p.file rs.patches.${dist}.files)
+    || rs.patches.${dist}.version != p.version
+    || !(builtins.elem dist cuda12.names)
+    || !(builtins.elem dist cuda13.names)
+    || builtins.all (l: l.version != p.version) (idx.byName.${dist} or [ ])
+  ) (policy.patch or [ ]);
+
   missingReplacement = builtins.filter (
     d: d.replaced_by == "" && (d.why or "") == ""
   ) (policy.cuda12.drop or [ ]);
@@ -114,6 +134,11 @@ in
     name = "policy-edits-target-installed-dists";
     ok = editsNotInClosure == [ ] && editsVersionMismatch == [ ];
     message = "policy.toml edits dists that are not in both flavours' closures (${show editsNotInClosure}) or not at the locked version (${show editsVersionMismatch})";
+  }
+  {
+    name = "every-policy-patch-is-applied";
+    ok = patchNotApplied == [ ];
+    message = "policy.toml [[patch]] entries the policy overlay does not apply (patches dir missing, file missing or not at its sha256, or a dist not in both closures at the patched version): ${show (map (p: "${p.dist} ${p.file}") patchNotApplied)}";
   }
   {
     name = "every-fetched-file-has-a-hash-cuda12";

@@ -123,6 +123,63 @@ rec {
       ++ builtins.concatMap (a: [ "--add" (q a) ]) e.add
     );
 
+  # Per distribution: the policy's source patches ([[patch]]). Each patch file's sha256 is checked
+  # here, at evaluation, against the policy (a changed file stops the build before anything runs);
+  # patches.py checks it again when it applies the patch, together with every hunk's context.
+  #
+  # # Type
+  #   patches :: Policy -> Path -> AttrSet (dist -> { version :: String; files :: [String] })
+  #
+  # # Example
+  #   patches policy ./patches => { torch = { version = "2.11.0"; files = [ "torch-tcpstore-loopback.patch" ]; }; }
+  patches =
+    policy: patchesDir:
+    let
+      ps = policy.patch or [ ];
+      checked =
+        p:
+        let
+          got = builtins.hashFile "sha256" (patchesDir + "/${p.file}");
+        in
+        if got != p.sha256 then
+          throw "rftstack: patches/${p.file} has sha256 ${got} but policy.toml says ${p.sha256}; restore the file or update the policy"
+        else
+          p.file;
+      dists = builtins.attrNames (builtins.listToAttrs (map (p: { name = canonical p.dist; value = null; }) ps));
+      one =
+        dist:
+        let
+          mine = builtins.filter (p: canonical p.dist == dist) ps;
+          versions = builtins.attrNames (builtins.listToAttrs (map (p: { name = p.version; value = null; }) mine));
+        in
+        if builtins.length versions != 1 then
+          throw "rftstack: policy.toml patches ${dist} for several versions (${toString versions}); one dist, one version"
+        else
+          {
+            version = builtins.head versions;
+            files = map checked mine;
+          };
+    in
+    builtins.listToAttrs (map (d: { name = d; value = one d; }) dists);
+
+  # The shell command that applies a dist's policy patches to its installed files, run from a
+  # derivation's postInstall: python/rftstack/patches.py (next to policy.py, standard library
+  # only) with --dist, so only this derivation's patches are applied; strict (exact context, the
+  # installed version and the file's sha256 checked), RECORD re-hashed; a mismatch fails the build.
+  #
+  # # Type
+  #   patchCommand :: { tool :: String; python :: String; site :: String; policyFile :: String; patchesDir :: String } -> String -> String
+  #
+  # # Example
+  #   patchCommand { tool = "/nix/store/...-tool"; python = "py"; site = "$out/site"; policyFile = "p.toml"; patchesDir = "pd"; } "torch"
+  #   => "'py' '/nix/store/...-tool/patches.py' \"$out/site\" --policy 'p.toml' --patches 'pd' --dist 'torch'"
+  patchCommand =
+    { tool, python, site, policyFile, patchesDir }:
+    dist:
+    builtins.concatStringsSep " " [
+      (q python) (q "${tool}/patches.py") "\"${site}\"" "--policy" (q policyFile) "--patches" (q patchesDir) "--dist" (q dist)
+    ];
+
   # The command that removes the artifacts' Requires-Dist lines named by cuda12.strip_requires.
   #
   # # Type

@@ -5,6 +5,7 @@ let
   real = import ../lib {
     policyFile = ../../python/rftstack/data/policy.toml;
     lockFile = ../../uv.lock;
+    patchesDir = ../../patches;
   };
   broken = import ../lib {
     policyFile = ./fixtures/broken/policy.toml;
@@ -71,6 +72,53 @@ in
     expr = policyLib.editCommand script "verl" real.edits.verl;
     expected = "bash edit.sh 'py' \"$out/site\" 'verl' '0.8.0' --replace 'numpy<2.0.0' 'numpy<2.4,>=2'";
   };
+  testPatchesFromPolicy = {
+    expr = real.patches;
+    expected = { torch = { version = "2.11.0"; files = [ "torch-tcpstore-loopback.patch" ]; }; };
+  };
+  testPatchCommand = {
+    expr = policyLib.patchCommand { tool = "/t"; python = "py"; site = "$out/site"; policyFile = "/p.toml"; patchesDir = "/pd"; } "torch";
+    expected = "'py' '/t/patches.py' \"$out/site\" --policy '/p.toml' --patches '/pd' --dist 'torch'";
+  };
+  testPatchWithWrongHashRefusedAtEvaluation = {
+    expr = (builtins.tryEval (builtins.deepSeq (policyLib.patches {
+      patch = [ { dist = "torch"; version = "2.11.0"; file = "torch-tcpstore-loopback.patch"; sha256 = "0000000000000000000000000000000000000000000000000000000000000000"; } ];
+    } ../../patches) true)).success;
+    expected = false;
+  };
+  testPatchOfTwoVersionsRefused = {
+    expr = (builtins.tryEval (builtins.deepSeq (policyLib.patches {
+      patch = map (v: { dist = "torch"; version = v; file = "torch-tcpstore-loopback.patch"; sha256 = (builtins.head real.policy.patch).sha256; }) [ "2.11.0" "2.10.0" ];
+    } ../../patches) true)).success;
+    expected = false;
+  };
+  testNoPatchesDirMeansPatchInvariantFails = {
+    expr = elemOf (failing (import ../lib {
+      policyFile = ../../python/rftstack/data/policy.toml;
+      lockFile = ../../uv.lock;
+    })) "every-policy-patch-is-applied";
+    expected = true;
+  };
+  # The policy overlay on a test double of a pyproject.nix package set (attrsets whose
+  # overrideAttrs applies the override to { }): which dists it touches and what postInstall runs.
+  testPolicyOverlayAppliesEditsAndPatches =
+    let
+      pkg = { overrideAttrs = f: f { }; };
+      out = (import ../../overlays { rs = real; }).policy
+        { python = { pythonOnBuildForHost.interpreter = "py"; sitePackages = "lib/site"; }; }
+        { torch = pkg; verl = pkg; trinity-rft = pkg; };
+      has = needle: s: builtins.match ".*${needle}.*" (builtins.replaceStrings [ "\n" ] [ " " ] s) != null;
+    in
+    {
+      expr = {
+        dists = builtins.attrNames out;
+        torchPatched = has "patches.py' \"[$]out/lib/site\" --policy '[^']*policy.toml' --patches '[^']*rftstack-patches' --dist 'torch'" out.torch.postInstall;
+        torchNotEdited = !(has "dist-info-edit" out.torch.postInstall);
+        verlEdited = has "dist-info-edit.sh 'py' \"[$]out/lib/site\" 'verl' '0.8.0' --replace 'numpy<2.0.0'" out.verl.postInstall;
+        verlNotPatched = !(has "patches.py" out.verl.postInstall);
+      };
+      expected = { dists = [ "torch" "trinity-rft" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlNotPatched = true; };
+    };
   testQuoting = { expr = policyLib.q "it's"; expected = "'it'\\''s'"; };
   testGlobToEre = { expr = policyLib.globToEre "nvidia-*-cu12"; expected = "nvidia-[A-Za-z0-9._-]*-cu12"; };
   testStripCommand = {
@@ -150,6 +198,7 @@ in
       "cuda12-artifacts-replace-locked-versions"
       "cuda12-artifacts-have-sha256-and-https"
       "policy-edits-target-installed-dists"
+      "every-policy-patch-is-applied"
       "every-fetched-file-has-a-hash-cuda12"
       "every-fetched-file-has-a-hash-cuda13"
       "every-closure-package-has-an-installable-file"

@@ -8,6 +8,7 @@ let
   rs = import ../lib {
     policyFile = ../../python/rftstack/data/policy.toml;
     lockFile = ../../uv.lock;
+    patchesDir = ../../patches;
   };
   run =
     name: t:
