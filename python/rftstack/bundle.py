@@ -328,6 +328,7 @@ def build(args) -> dict:
             "lock_sha256": lock.sha256,
             "part_size_mib": args.part_size,
             "excluded": sorted(i.name for i in items if i.status == bundle_plan.EXCLUDED),
+            "excluded_patterns": patterns,
             "present": sorted(f"{i.name}=={i.version}" for i in items if i.status == bundle_plan.PRESENT),
         }
         manifest = write_parts(files, out, int(args.part_size * 2**20), meta)

@@ -249,6 +249,31 @@ def _env(target: Path | None) -> dict:
     return env
 
 
+RECORD_NAME = "rftstack_bundle.json"  # read by `rftstack doctor` (checks/pyenv.py)
+
+
+def write_record(manifest: dict, target: Path | None) -> Path:
+    """Record in site-packages what this bundle left out on purpose, so `rftstack doctor` reports a
+    requirement missing for that reason as expected (INFO) rather than as a broken install."""
+    import sysconfig
+
+    site = target if target is not None else Path(sysconfig.get_paths()["purelib"])
+    patterns = manifest.get("excluded_patterns") or []
+    record = {
+        "bundle_id": manifest.get("bundle_id"),
+        "lock_sha256": manifest.get("lock_sha256"),
+        "excluded": sorted(manifest.get("excluded", [])),
+        "reason": "left out of the offline bundle when it was built (rftstack bundle build"
+        + (f" --exclude {' '.join(patterns)}" if patterns else " exclusions")
+        + "; docs/bundle.md: large optional wheels the serve path does not import)",
+    }
+    path = site / RECORD_NAME
+    tmp = path.with_name(f".{RECORD_NAME}.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def install(manifest: dict, wheels: list[Path], *, target: Path | None, compile: bool, relax: bool, log) -> dict:
     cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--disable-pip-version-check"]
     if not compile:
@@ -260,6 +285,7 @@ def install(manifest: dict, wheels: list[Path], *, target: Path | None, compile:
     if rc != 0:
         raise BundleError(f"pip install failed (exit {rc}); its output is above", exit_code=4)
     result: dict = {"installed": len(wheels), "target": str(target) if target else sys.executable}
+    result["record"] = str(write_record(manifest, target))
 
     has_rftstack = any(canonical(f["dist"]) == "rftstack" for f in manifest["files"])
     if relax and has_rftstack:

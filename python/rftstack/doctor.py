@@ -96,7 +96,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         toolchain.find_ptxas(env, blackwell=bool(info.gpus and info.gpus[0].compute_capability and info.gpus[0].compute_capability >= (10, 0))),
         toolchain.find_nvcc(env), max_cuda, env))
     if policy is not None:
-        run("pyenv", lambda: pyenv.check(pyenv.installed(), policy))
+        run("pyenv", lambda: pyenv.check(pyenv.installed(), policy, **pyenv.context()))
     vllm_root = vllm_api.package_dir("vllm")
     trinity_root = vllm_api.package_dir("trinity")
     run("vllm-api", lambda: vllm_api.check(trinity_root, vllm_root, vllm_version))
