@@ -274,3 +274,27 @@ def test_relax_runs_after_install_when_rftstack_is_bundled(python_with_pip, tmp_
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["relax"]["exit"] == 0 and s["pip_check"]["problems"] == []
+
+
+def test_excluded_wheels_are_recorded_and_doctor_reports_them_as_info(built, python_with_pip, tmp_path, capsys):
+    """A bundle built with --exclude: the installer writes rftstack_bundle.json into the target, and
+    the doctor's pyenv check reports bundle-probe's missing word2number as INFO, not a failure."""
+    from rftstack import policy
+    from rftstack.checks import pyenv
+
+    lock, out, _ = built
+    ex_out = tmp_path / "ex"
+    rc, _, err = run_cli(capsys, build_args(lock, ex_out, exclude="word2number", cache=out / ".files"))
+    assert rc == 0, err
+    target = tmp_path / "site"
+    r = installer(python_with_pip, ex_out / "part-000" / "install.py", "--target", target, "--no-compile", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert any("word2number" in line for line in summary["pip_check"]["expected"])
+    record = json.loads((target / "rftstack_bundle.json").read_text())
+    manifest = json.loads((ex_out / "manifest.json").read_text())
+    assert record["bundle_id"] == manifest["bundle_id"] and record["excluded"] == ["word2number"]
+    assert "--exclude word2number" in record["reason"]
+    found = {f.check: f for f in pyenv.check(pyenv.installed([str(target)]), policy.load(), **pyenv.context([str(target)]))}
+    assert found["pyenv.bundle-excluded"].status == "info" and "word2number" in found["pyenv.bundle-excluded"].message
+    assert found["pyenv.requirements"].status == "ok"
