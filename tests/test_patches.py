@@ -33,7 +33,29 @@ def site(tmp_path):
     shutil.copy(real_info / "METADATA", info / "METADATA")
     line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(REL + ","))
     (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
+    add_trinity_proxy(tmp_path)  # the policy also patches trinity-rft: a site holds both, as the real one does
     return tmp_path
+
+
+def add_trinity_proxy(site: Path) -> Path:
+    """Trinity's real (unpatched) proxy app.py and its dist-info METADATA/RECORD under ``site``."""
+    import trinity
+
+    real_site = Path(trinity.__file__).parents[1]
+    rel = "trinity/explorer/proxy/app.py"
+    (p,) = [p for p in policy.load().patches if p.dist == "trinity-rft"]
+    text = (real_site / rel).read_text()
+    if "rftstack patch" in text:  # the installed one is patched already: start from the original
+        fp = patches.parse((patches.patches_dir() / p.file).read_text())[0]
+        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+    (site / rel).parent.mkdir(parents=True, exist_ok=True)
+    (site / rel).write_text(text)
+    real_info = next(real_site.glob("trinity_rft-*.dist-info"))
+    (site / real_info.name).mkdir(exist_ok=True)
+    shutil.copy(real_info / "METADATA", site / real_info.name / "METADATA")
+    line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(rel + ","))
+    (site / real_info.name / "RECORD").write_text(f"{line}\n")
+    return site / rel
 
 
 def the_patch():
@@ -122,17 +144,17 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
            "--patches", str(patches.patches_dir())]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"torch-tcpstore-loopback.patch: {REL}: applied"
+    assert f"torch-tcpstore-loopback.patch: {REL}: applied" in out.stdout.splitlines()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert again.stdout.strip().endswith("already applied")
+    assert again.stdout.strip() and all(l.endswith("already applied") for l in again.stdout.splitlines())
 
 
 def test_state_reports_without_writing(site):
     before = (site / REL).read_text()
-    assert patches.state(site) == [("torch-tcpstore-loopback.patch", "not applied")]
+    assert dict(patches.state(site))["torch-tcpstore-loopback.patch"] == "not applied"
     assert (site / REL).read_text() == before
     apply(site)
-    assert patches.state(site) == [("torch-tcpstore-loopback.patch", "applied")]
+    assert dict(patches.state(site))["torch-tcpstore-loopback.patch"] == "applied"
     assert patches.state(site / "nowhere")[0][1].startswith("cannot apply")
 
 

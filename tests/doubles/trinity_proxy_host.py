@@ -1,0 +1,116 @@
+"""Runs Trinity's REAL proxy app (`trinity.explorer.proxy.app`) in this process, in front of an
+upstream URL, with Trinity's real `HistoryRecorder` (SQLite) and `ExplorerService`'s own
+`record_experience` / `record_feedback` / `submit_experiences` code.
+
+What stands in (a TEST DOUBLE, the Explorer needs GPU engines and Ray actors): the Explorer object
+the service talks to. Its `rollout_coordinator.process_experiences.remote(...)` writes every
+committed experience as one JSON line to ``--commits`` (what /commit delivers), and its monitor
+drops metrics.
+
+``--trinity-site DIR`` puts DIR first on sys.path so a patched copy of the trinity package there is
+the one imported (the shared venv is never modified). ``--trace`` prints each record_experience
+start, end and any exception, BaseException included (CancelledError is not an Exception), to
+stderr: the evidence for what Trinity's ``except Exception: pass`` would hide.
+
+    python tests/doubles/trinity_proxy_host.py --upstream URL --port P --db FILE --commits FILE [--trinity-site DIR] [--trace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--upstream", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--commits", required=True)
+    ap.add_argument("--trinity-site")
+    ap.add_argument("--trace", action="store_true")
+    a = ap.parse_args(argv)
+    if a.trinity_site:
+        sys.path.insert(0, a.trinity_site)
+
+    from trinity.common.experience import Experience
+    from trinity.explorer.proxy import app as proxy_app
+    from trinity.explorer.proxy.recorder import HistoryRecorder
+    from trinity.explorer.proxy.service import ExplorerService
+
+    print(f"TRINITY_APP {proxy_app.__file__}", file=sys.stderr, flush=True)
+
+    class CoordinatorStandIn:
+        class process_experiences:  # noqa: N801 - mirrors the Ray actor method's shape
+            @staticmethod
+            async def remote(batches: list[bytes]) -> dict:
+                exps = [e for b in batches for e in Experience.deserialize_many(b)]
+                with open(a.commits, "a") as f:
+                    for e in exps:
+                        n_prompt = e.prompt_length
+                        f.write(json.dumps({"msg_id": e.eid.suffix, "reward": e.reward, "task": e.eid.task,
+                                            "prompt_token_ids": e.tokens[:n_prompt].tolist(),
+                                            "token_ids": e.tokens[n_prompt:].tolist(),
+                                            "logprobs": [round(x, 6) for x in e.logprobs.tolist()],
+                                            "model_version": e.info.get("model_version")}) + "\n")
+                return {"committed": len(exps)}
+
+    class ExplorerStandIn:
+        explore_step_num = 0
+        rollout_coordinator = CoordinatorStandIn()
+
+        class monitor:  # noqa: N801
+            @staticmethod
+            def log(metrics, step):
+                pass
+
+    class Service:
+        """The attributes app.py and ExplorerService's methods use; the methods are Trinity's own."""
+
+        record_feedback = ExplorerService.record_feedback
+        submit_experiences = ExplorerService.submit_experiences
+        collect_metrics = ExplorerService.collect_metrics
+        _record = ExplorerService.record_experience
+
+        def __init__(self) -> None:
+            self.explorer = ExplorerStandIn()
+            self.models = []
+            self.total_experience_count = 0
+            self.ready_experience_count = 0
+            self.commit_lock = asyncio.Lock()
+            from collections import deque
+
+            self.ready_experiences = deque()
+            self.recorder = HistoryRecorder(db_url=f"sqlite:///{a.db}", table_name="proxy_history")
+
+        async def allocate_model(self, increase_count: bool = True):
+            return a.upstream, 0
+
+        async def record_experience(self, response, model_version):
+            if not a.trace:
+                return await self._record(response, model_version)
+            rid = response.get("id")
+            print(f"RECORD start {rid}", file=sys.stderr, flush=True)
+            try:
+                await self._record(response, model_version)
+            except BaseException as e:
+                print(f"RECORD raised {rid} {type(e).__module__}.{type(e).__qualname__}: {e!r}", file=sys.stderr, flush=True)
+                traceback.print_exc()
+                raise
+            print(f"RECORD done {rid}", file=sys.stderr, flush=True)
+
+    proxy_app.app.state.service = Service()
+    proxy_app.app.state.temperature = 0.0
+    proxy_app.app.state.inference_timeout = 60
+    try:
+        asyncio.run(proxy_app.serve_http(proxy_app.app, "127.0.0.1", a.port))  # as Trinity's run_app calls it
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
