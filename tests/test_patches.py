@@ -33,7 +33,35 @@ def site(tmp_path):
     shutil.copy(real_info / "METADATA", info / "METADATA")
     line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(REL + ","))
     (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
+    add_trinity(tmp_path)
     return tmp_path
+
+
+TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py")
+
+
+def trinity_patches():
+    return [p for p in policy.load().patches if p.dist == "trinity-rft"]
+
+
+def add_trinity(site: Path) -> None:
+    """The installed trinity-rft's files that policy patches touch (un-patched), with its dist-info."""
+    import trinity
+
+    real_site = Path(trinity.__file__).parents[1]
+    texts = {rel: (real_site / rel).read_text() for rel in TRINITY_FILES}
+    for p in trinity_patches():
+        for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
+            back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+            if "rftstack patch" in texts[fp.path]:
+                texts[fp.path] = patches.apply_text(texts[fp.path], back)[0]
+    for rel, text in texts.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    real_info = next(real_site.glob("trinity_rft-*.dist-info"))
+    (site / real_info.name).mkdir()
+    shutil.copy(real_info / "METADATA", site / real_info.name / "METADATA")
+    (site / real_info.name / "RECORD").write_text("".join(f"{rel},,\n" for rel in TRINITY_FILES))
 
 
 def the_patch():
@@ -49,9 +77,9 @@ def apply(site, **over):
 
 
 def test_policy_names_the_patch_with_its_hash():
-    p = the_patch()
-    assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
-    assert p.why
+    for p in [the_patch(), *trinity_patches()]:
+        assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
+        assert p.why
 
 
 def test_apply_is_strict_idempotent_and_updates_record(site):
@@ -122,17 +150,25 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
            "--patches", str(patches.patches_dir())]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"torch-tcpstore-loopback.patch: {REL}: applied"
+    assert out.stdout.splitlines() == [
+        f"torch-tcpstore-loopback.patch: {REL}: applied",
+        "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",
+        "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
+    ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert again.stdout.strip().endswith("already applied")
+    assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
 
 
 def test_state_reports_without_writing(site):
     before = (site / REL).read_text()
-    assert patches.state(site) == [("torch-tcpstore-loopback.patch", "not applied")]
+    names = [p.file for p in policy.load().patches]
+    assert patches.state(site) == [(n, "not applied") for n in names]
     assert (site / REL).read_text() == before
     apply(site)
-    assert patches.state(site) == [("torch-tcpstore-loopback.patch", "applied")]
+    assert patches.state(site)[0] == ("torch-tcpstore-loopback.patch", "applied")
+    patches.apply_policy(site)
+    assert patches.state(site) == [(n, "applied") for n in names]
     assert patches.state(site / "nowhere")[0][1].startswith("cannot apply")
 
 

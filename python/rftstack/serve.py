@@ -87,7 +87,7 @@ def patch_warnings() -> list[str]:
         return []
     site = Path(spec.origin).parents[1]
     return [
-        f"{name} is {st} in {site}: torch's rendezvous store will listen on every interface; "
+        f"{name} is {st} in {site} (policy.toml [[patch]] says what goes wrong without it); "
         f"run `{sys.executable} -m rftstack.patches {site}` (part of the install)"
         for name, st in patches.state(site)
         if st != "applied"
