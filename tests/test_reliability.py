@@ -158,3 +158,36 @@ def test_pure_validation_messages_are_one_sentence():
         assert "\n" not in str(exc.value) and "set a number above 0 and at most 1" in str(exc.value)
     assert serve_config.effective({"model": {"model_path": "/m"}, "explorer": {"rollout_model": {"gpu_memory_utilization": 1}}},
                                   run_dir="/r", ray_address="a", proxy_port=1)[0]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_ray_token_appears_in_no_log_or_state_file(tmp_path):
+    """A real loopback head with a connected driver: the token's value is only in its 0600 token file."""
+    import os
+
+    from rftstack import ray_head
+
+    head = ray_head.start(state_dir=tmp_path / "head", num_gpus=0, num_cpus=1)
+    try:
+        drv = subprocess.run([sys.executable, "-c", "import ray; ray.init(address='auto', log_to_driver=False); print(ray.cluster_resources()); ray.shutdown()"],
+                             capture_output=True, text=True, timeout=120, env={**rftstack_env(), **head.env()})  # fmt: skip
+        assert drv.returncode == 0, drv.stderr[-2000:]
+        token = Path(head.token_path).read_text().strip()
+        assert len(token) >= 32
+        assert os.stat(head.token_path).st_mode & 0o077 == 0
+        leaks, scanned = [], 0
+        for root in (tmp_path / "head", Path(head.temp_dir)):
+            for p in root.rglob("*"):
+                if p.is_file() and not p.is_symlink() and str(p) != head.token_path:
+                    scanned += 1
+                    try:
+                        if token.encode() in p.read_bytes():
+                            leaks.append(str(p))
+                    except OSError:
+                        pass
+                if token in p.name:
+                    leaks.append(f"name {p}")
+        assert scanned > 10 and leaks == []
+        assert token not in drv.stdout + drv.stderr
+    finally:
+        ray_head.stop(head, timeout=5, remove_temp=True)
