@@ -33,29 +33,41 @@ def site(tmp_path):
     shutil.copy(real_info / "METADATA", info / "METADATA")
     line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(REL + ","))
     (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
-    add_trinity_proxy(tmp_path)  # the policy also patches trinity-rft: a site holds both, as the real one does
+    add_trinity(tmp_path)
     return tmp_path
 
 
-def add_trinity_proxy(site: Path) -> Path:
-    """Trinity's real (unpatched) proxy app.py and its dist-info METADATA/RECORD under ``site``."""
+TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py")
+
+
+def trinity_patches():
+    return [p for p in policy.load().patches if p.dist == "trinity-rft"]
+
+
+def add_trinity(site: Path) -> None:
+    """The installed trinity-rft's files that policy patches touch (un-patched), with its dist-info."""
     import trinity
 
     real_site = Path(trinity.__file__).parents[1]
-    rel = "trinity/explorer/proxy/app.py"
-    (p,) = [p for p in policy.load().patches if p.dist == "trinity-rft"]
-    text = (real_site / rel).read_text()
-    if "rftstack patch" in text:  # the installed one is patched already: start from the original
-        fp = patches.parse((patches.patches_dir() / p.file).read_text())[0]
-        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
-    (site / rel).parent.mkdir(parents=True, exist_ok=True)
-    (site / rel).write_text(text)
+    texts = {rel: (real_site / rel).read_text() for rel in TRINITY_FILES}
+    for p in reversed(trinity_patches()):  # undo in the reverse order of application
+        for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
+            back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+            if "rftstack patch" in texts[fp.path]:
+                texts[fp.path] = patches.apply_text(texts[fp.path], back)[0]
+    for rel, text in texts.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
     real_info = next(real_site.glob("trinity_rft-*.dist-info"))
-    (site / real_info.name).mkdir(exist_ok=True)
+    (site / real_info.name).mkdir()
     shutil.copy(real_info / "METADATA", site / real_info.name / "METADATA")
-    line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(rel + ","))
-    (site / real_info.name / "RECORD").write_text(f"{line}\n")
-    return site / rel
+    (site / real_info.name / "RECORD").write_text("".join(f"{rel},,\n" for rel in TRINITY_FILES))
+
+
+def add_trinity_proxy(site: Path) -> Path:
+    """Trinity's real (unpatched) files under ``site``; the path of its proxy app.py."""
+    add_trinity(site)
+    return site / "trinity/explorer/proxy/app.py"
 
 
 def the_patch():
@@ -71,9 +83,9 @@ def apply(site, **over):
 
 
 def test_policy_names_the_patch_with_its_hash():
-    p = the_patch()
-    assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
-    assert p.why
+    for p in [the_patch(), *trinity_patches()]:
+        assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
+        assert p.why
 
 
 def test_apply_is_strict_idempotent_and_updates_record(site):
@@ -121,7 +133,7 @@ def test_tcp_rendezvous_listens_on_loopback_only_when_patched(site, patched):
     if patched:
         apply(site)
     env = {"GLOO_SOCKET_IFNAME": "lo", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", PROBE, str(site / REL) if patched else "-", str(Path(patches.__file__).parents[1])],
+    out = subprocess.run([sys.executable, "-c", PROBE, str(site / REL), str(Path(patches.__file__).parents[1])],
                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     socks = [s.split("|") for s in out.stdout.split()]
@@ -144,17 +156,26 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
            "--patches", str(patches.patches_dir())]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert f"torch-tcpstore-loopback.patch: {REL}: applied" in out.stdout.splitlines()
+    assert out.stdout.splitlines() == [
+        f"torch-tcpstore-loopback.patch: {REL}: applied",
+        "trinity-proxy-stream-record.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",
+        "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
+    ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert again.stdout.strip() and all(l.endswith("already applied") for l in again.stdout.splitlines())
+    assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
 
 
 def test_state_reports_without_writing(site):
     before = (site / REL).read_text()
-    assert dict(patches.state(site))["torch-tcpstore-loopback.patch"] == "not applied"
+    names = [p.file for p in policy.load().patches]
+    assert patches.state(site) == [(n, "not applied") for n in names]
     assert (site / REL).read_text() == before
     apply(site)
-    assert dict(patches.state(site))["torch-tcpstore-loopback.patch"] == "applied"
+    assert patches.state(site)[0] == ("torch-tcpstore-loopback.patch", "applied")
+    patches.apply_policy(site)
+    assert patches.state(site) == [(n, "applied") for n in names]
     assert patches.state(site / "nowhere")[0][1].startswith("cannot apply")
 
 

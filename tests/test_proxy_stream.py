@@ -120,24 +120,36 @@ def double():
         yield d
 
 
-@pytest.fixture(scope="module")
-def patched_site(tmp_path_factory) -> Path:
-    """A copy of the installed trinity package with the policy's patch applied by patches.apply."""
+def _trinity_copy(tmp_path_factory, name: str) -> Path:
+    """A copy of the installed trinity package whose proxy app.py is Trinity's original (whatever the
+    environment's `rftstack relax` did to the installed one)."""
     import trinity
 
-    site = tmp_path_factory.mktemp("site")
+    site = tmp_path_factory.mktemp(name)
     shutil.copytree(Path(trinity.__file__).parent, site / "trinity", ignore=shutil.ignore_patterns("__pycache__"))
     (site / "trinity/explorer/proxy/app.py").unlink()
     add_trinity_proxy(site)  # the original app.py and trinity-rft's dist-info
-    (p,) = [p for p in policy.load().patches if p.dist == "trinity-rft"]
+    return site
+
+
+@pytest.fixture(scope="module")
+def original_site(tmp_path_factory) -> Path:
+    return _trinity_copy(tmp_path_factory, "original")
+
+
+@pytest.fixture(scope="module")
+def patched_site(tmp_path_factory) -> Path:
+    """The same copy with the policy's stream-record patch applied by patches.apply."""
+    site = _trinity_copy(tmp_path_factory, "site")
+    (p,) = [p for p in policy.load().patches if p.file == "trinity-proxy-stream-record.patch"]
     assert patches.apply(site, patches.patches_dir() / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version) == [
         ("trinity/explorer/proxy/app.py", "applied")]
     return site
 
 
 @pytest.fixture(scope="module")
-def unpatched(double, tmp_path_factory):
-    px = Proxy(double.base_url, tmp_path_factory.mktemp("unpatched"), None)
+def unpatched(double, original_site, tmp_path_factory):
+    px = Proxy(double.base_url, tmp_path_factory.mktemp("unpatched"), original_site)
     yield px
     px.stop()
 

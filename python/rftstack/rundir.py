@@ -78,7 +78,15 @@ def create(run_dir: str | os.PathLike | None = None, base: str | os.PathLike = D
         while root.exists():
             n += 1
             root = stem.with_name(f"{stem.name}-{n}")
-    (root / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        probe = root / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        from rftstack.errors import UserError
+
+        raise UserError(f"cannot create the run directory {root} ({exc.strerror}); pass a writable --run-dir or --runs-base") from None
     return RunDir(root)
 
 

@@ -76,6 +76,29 @@ def model_max_len(model_path: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def unmarked_steps(job_dir) -> list[str]:
+    """``global_step_N`` directories of a checkpoint job dir without a ``.full_checkpoint`` marker."""
+    try:
+        entries = sorted(Path(job_dir).iterdir())
+    except OSError:
+        return []
+    steps = [e for e in entries if e.is_dir() and e.name.startswith("global_step_") and e.name[12:].isdigit()]
+    return [e.name for e in sorted(steps, key=lambda e: int(e.name[12:])) if not (e / ".full_checkpoint").exists()]
+
+
+def guard_checkpoints(job_dir: str) -> None:
+    """Refuse a checkpoint dir whose existing steps Trinity's synchronizer would delete
+    (trinity/manager/synchronizer.py `_remove_previous_state_dict`: no marker, rmtree)."""
+    steps = unmarked_steps(job_dir)
+    if steps:
+        first = f"{job_dir}/{steps[0]}"
+        more = f" (and {len(steps) - 1} more)" if len(steps) > 1 else ""
+        raise UserError(
+            f"{first}{more} has no .full_checkpoint marker, and Trinity's synchronizer deletes such a directory after it "
+            f"loads a newer step; move it out of {job_dir} or mark it to keep (touch {first}/.full_checkpoint)"
+        )
+
+
 def patch_warnings() -> list[str]:
     """The policy's source patches that are not applied to the installed packages."""
     import importlib.util
@@ -87,7 +110,7 @@ def patch_warnings() -> list[str]:
         return []
     site = Path(spec.origin).parents[1]
     return [
-        f"{name} is {st} in {site}: torch's rendezvous store will listen on every interface; "
+        f"{name} is {st} in {site} (policy.toml [[patch]] says what goes wrong without it); "
         f"run `{sys.executable} -m rftstack.patches {site}` (part of the install)"
         for name, st in patches.state(site)
         if st != "applied"
@@ -186,6 +209,7 @@ class Serve:
         preflight = self.run.root / "config.preflight.yaml"
         rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
         self._preflight(str(preflight))
+        guard_checkpoints(serve_config.job_dir(pre))
         if self._interrupted():
             return "stopped by signal", 0
 

@@ -101,6 +101,20 @@ def effective(
     change("mode", "serve", "rftstack serve runs trinity's serve mode")
     if not get(cfg, "model.model_path"):
         raise ConfigError("the config has no model.model_path; set it to a local model directory")
+    gmu = get(cfg, "explorer.rollout_model.gpu_memory_utilization")
+    if gmu is not None and (isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0 < gmu <= 1):
+        raise ConfigError(
+            f"explorer.rollout_model.gpu_memory_utilization is {gmu!r}, but it is the fraction of each GPU's memory vLLM may use; "
+            "set a number above 0 and at most 1 (e.g. 0.6)"
+        )
+    mml = get(cfg, "model.max_model_len")
+    if mml is not None and (isinstance(mml, bool) or not isinstance(mml, int) or mml <= 0):
+        raise ConfigError(f"model.max_model_len is {mml!r}; set a positive number of tokens (e.g. 4096) or remove it to use the model's own")
+    if mml is not None and model_max_len and mml > model_max_len:
+        raise ConfigError(
+            f"model.max_model_len {mml} is larger than the model's max_position_embeddings {model_max_len}, which vLLM refuses; "
+            f"set it to at most {model_max_len}"
+        )
 
     # --- exposure ---------------------------------------------------------------------------
     listen = get(cfg, "explorer.listen_address")
