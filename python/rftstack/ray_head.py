@@ -105,6 +105,10 @@ def head_env(ports: dict[str, int], token_path: str, tag: str) -> dict[str, str]
         # ports Ray has no flag for (dashboard.consts / autoscaler constants)
         "DASHBOARD_METRIC_PORT": str(ports["dashboard_metrics"]),
         "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metrics"]),
+        # bounded logs: a component that logs in a loop (seen once in testing: tens of GB in minutes)
+        # must not fill the disk of a long serve; 100 MB per file, 3 backups
+        "RAY_ROTATION_MAX_BYTES": str(100 * 1024 * 1024),
+        "RAY_ROTATION_BACKUP_COUNT": "3",
         supervisor.TAG_VAR: tag,
     }
 
