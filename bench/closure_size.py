@@ -55,36 +55,7 @@ def pick_wheel(pkg: lockfile.LockedPackage, ranking: dict) -> lockfile.Artifact 
 
 def walk(lock: lockfile.Lock, env: dict, groups: tuple[str, ...], dropped: set[str]) -> dict[str, lockfile.LockedPackage]:
     """Lock.resolve, with every edge to a ``dropped`` name removed (overlays/cuda12.nix's rewrite)."""
-    from packaging.markers import Marker
-
-    root = lock.root()
-    chosen: dict[str, lockfile.LockedPackage] = {}
-    seen: set = set()
-    stack = [(root, "")]
-    while stack:
-        pkg, extra = stack.pop()
-        if (pkg.name, pkg.version, extra) in seen:
-            continue
-        seen.add((pkg.name, pkg.version, extra))
-        chosen[pkg.name] = pkg
-        raw = lock._raw[(pkg.name, pkg.version)]
-        if extra:
-            edges = raw.get("optional-dependencies", {}).get(extra, [])
-        else:
-            edges = list(raw.get("dependencies", []))
-            if pkg is root:
-                for g in groups:
-                    edges += raw.get("dev-dependencies", {}).get(g, [])
-        for dep in edges:
-            if policy.canonical(dep["name"]) in dropped:
-                continue
-            if "marker" in dep and not Marker(dep["marker"]).evaluate(env):
-                continue
-            target = lock._find(dep["name"], dep.get("version"))
-            stack.append((target, ""))
-            for e in dep.get("extra", []):
-                stack.append((target, e))
-    return chosen
+    return lock.resolve(env, groups, exclude={policy.canonical(d) for d in dropped})
 
 
 def sizes(pkgs: dict[str, lockfile.LockedPackage], python: str) -> dict:

@@ -101,8 +101,12 @@ class Lock:
             raise UserError(f"{self.path} names {name} {version or ''} {len(cands)} times; regenerate it with `uv lock`")
         return cands[0]
 
-    def resolve(self, env: dict[str, str], groups: tuple[str, ...] = ()) -> dict[str, LockedPackage]:
-        """Canonical name -> locked package, for everything the target installs (root included)."""
+    def resolve(
+        self, env: dict[str, str], groups: tuple[str, ...] = (), exclude: frozenset[str] | set[str] = frozenset()
+    ) -> dict[str, LockedPackage]:
+        """Canonical name -> locked package, for everything the target installs (root included).
+
+        ``exclude``: canonical names whose incoming edges are removed (a flavour that drops them)."""
         from packaging.markers import Marker
 
         root = self.root()
@@ -125,6 +129,8 @@ class Lock:
                     for g in groups:
                         edges += raw.get("dev-dependencies", {}).get(g, [])
             for dep in edges:
+                if canonical(dep["name"]) in exclude:
+                    continue
                 if "marker" in dep and not Marker(dep["marker"]).evaluate(env):
                     continue
                 target = self._find(dep["name"], dep.get("version"))
