@@ -16,7 +16,6 @@ import pytest
 from bundle_helpers import REPO, make_project
 
 from rftstack import bundle, cli
-from rftstack.errors import UserError
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 PLATFORM = "manylinux_2_17_x86_64"

@@ -2,7 +2,6 @@
 
 import shutil
 import subprocess
-import textwrap
 
 import importlib.metadata as md
 import pytest

@@ -1,7 +1,6 @@
 """GPU/driver check. The driver is the one thing not on the CI machine: it is fed through named
 test doubles (a /proc/driver/nvidia/version file written here, a GpuInfo built here)."""
 
-import os
 from pathlib import Path
 
 import pytest

@@ -4,7 +4,6 @@ site dirs written here with the metadata of the report's problem 2."""
 import shutil
 import subprocess
 
-import pytest
 
 from rftstack import policy
 from rftstack.checks import pyenv

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, rftstack_env
+from conftest import rftstack_env
 from rftstack import serve_config
 from rftstack.errors import UserError
 

@@ -18,8 +18,6 @@ import argparse
 import errno
 import hashlib
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys

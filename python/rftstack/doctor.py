@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from rftstack import findings as F
 from rftstack.errors import UserError
-from rftstack.findings import FAIL, INFO, Finding
+from rftstack.findings import FAIL, Finding
 
 # Check groups, in the order they run; --skip takes these names.
 CHECKS: dict[str, str] = {

@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import os
 import platform
-import sys
 import tomllib
 from pathlib import Path
 

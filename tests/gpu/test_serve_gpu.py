@@ -11,47 +11,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import signal
 import sqlite3
-import subprocess
 import time
-import urllib.request
 
 import pytest
 
 from rftstack import netstat, supervisor
 
 from conftest import ServeRun, rftstack_env
+from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
-def _gpus() -> int:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    out = subprocess.run([smi, "-L"], capture_output=True, text=True)
-    return sum(1 for l in out.stdout.splitlines() if l.startswith("GPU ")) if out.returncode == 0 else 0
-
-
-if _gpus() == 0:
+if not has_gpu():
     pytest.skip("no NVIDIA GPU here", allow_module_level=True)
-
-
-def gpu_memory_used_mib() -> int:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
-    return sum(int(x) for x in out.stdout.split())
-
-
-def gpu_pids() -> set[int]:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, check=True)
-    return {int(x) for x in out.stdout.split() if x.strip().isdigit()}
-
-
-def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=120).read())
 
 
 REPORT_LIKE = """\

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rftstack.findings import FAIL, INFO, OK, WARN, Finding
+from rftstack.findings import FAIL, OK, WARN, Finding
 
 # Driver branch -> the highest CUDA version it supports (NVIDIA's CUDA toolkit release notes,
 # table 3 "CUDA Toolkit and Corresponding Driver Versions"). A branch between two rows supports

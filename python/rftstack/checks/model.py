@@ -9,7 +9,7 @@ import ast
 import json
 from pathlib import Path
 
-from rftstack.findings import FAIL, INFO, OK, WARN, Finding
+from rftstack.findings import FAIL, OK, WARN, Finding
 
 REGISTRY = "model_executor/models/registry.py"
 GENERATIVE = ("_TEXT_GENERATION_MODELS", "_MULTIMODAL_MODELS", "_TRANSFORMERS_SUPPORTED_MODELS", "_TRANSFORMERS_BACKEND_MODELS")

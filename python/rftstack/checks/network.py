@@ -6,11 +6,10 @@ Ports come from ``rftstack.netstat`` (/proc/net/tcp{,6}), so nothing is bound to
 from __future__ import annotations
 
 import ipaddress
-import os
 from pathlib import Path
 
 from rftstack import netstat
-from rftstack.findings import FAIL, INFO, OK, WARN, Finding
+from rftstack.findings import FAIL, OK, WARN, Finding
 
 DEFAULT_PROXY_PORT = 8010  # trinity ExplorerConfig.proxy_port
 DEFAULT_LISTEN = "0.0.0.0"  # trinity ExplorerConfig.listen_address

@@ -5,7 +5,6 @@ connect to its GCS port. Ray itself is not imported.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 

@@ -10,7 +10,6 @@ finds that comparison in the installed Trinity's source (``ast``) before saying 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from rftstack.findings import OK, WARN, Finding
 
