@@ -31,6 +31,7 @@ def test_head_argv_names_every_port_and_loopback():
     named = " ".join(argv) + " " + " ".join(env.values())
     assert all(str(p) in named for p in ports.values())
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"  # no upload of the run directory under `uv run`
     assert int(env["RAY_ROTATION_MAX_BYTES"]) * (1 + int(env["RAY_ROTATION_BACKUP_COUNT"])) <= 512 * 1024 * 1024
 
 

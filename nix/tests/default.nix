@@ -74,7 +74,13 @@ in
   };
   testPatchesFromPolicy = {
     expr = real.patches;
-    expected = { torch = { version = "2.11.0"; files = [ "torch-tcpstore-loopback.patch" ]; }; };
+    expected = {
+      torch = { version = "2.11.0"; files = [ "torch-tcpstore-loopback.patch" ]; };
+      trinity-rft = {
+        version = "0.6.0";
+        files = [ "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch" "trinity-proxy-feedback-errors.patch" ];
+      };
+    };
   };
   testPatchCommand = {
     expr = policyLib.patchCommand { tool = "/t"; python = "py"; site = "$out/site"; policyFile = "/p.toml"; patchesDir = "/pd"; } "torch";

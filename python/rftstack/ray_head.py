@@ -95,6 +95,11 @@ def client_env(address: str, token_path: str) -> dict[str, str]:
         "RAY_AUTH_TOKEN_PATH": token_path,
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray's `uv run` hook: a driver started under `uv run` (as in `uv run rftstack serve`) would
+        # upload its working directory (the run directory, whose `ray` link leads into Ray's own temp
+        # dir) as a runtime-env package; it grew without bound (65 GB in minutes) and killed the GCS.
+        # The environment is already the locked one on this machine: nothing needs uploading.
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
     }
 
 
