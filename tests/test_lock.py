@@ -81,11 +81,24 @@ def test_published_stack_does_not_resolve_without_our_override(tmp_path):
 
 def test_installed_environment_matches_the_lock(lock):
     """Everything the lock installs for this interpreter is installed at the locked version."""
-    import importlib.metadata as md
+    import json
 
-    from rftstack.policy import canonical
+    from conftest import run_python
 
-    installed = {canonical(d.metadata["Name"]): d.version for d in md.distributions()}
+    # a fresh interpreter: this pytest process may have extra paths (setuptools puts its _vendor
+    # directory, with its own packaging/zipp/... dist-infos, on sys.path once imported)
+    r = run_python(
+        """
+        import importlib.metadata as md, json
+        from rftstack.policy import canonical
+        out = {}
+        for d in md.distributions():
+            out.setdefault(canonical(d.metadata["Name"]), d.version)
+        print(json.dumps(out))
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    installed = json.loads(r.stdout)
     wanted = lock.resolve(lockfile.current_environment())
     wrong = {n: (p.version, installed.get(n)) for n, p in wanted.items() if not p.is_root and installed.get(n) != p.version}
     assert not wrong, f"installed differs from uv.lock (run `uv sync`): {wrong}"
