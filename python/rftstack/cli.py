@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("rftstack.doctor", "find every known way this stack breaks on this machine, in seconds"),
     "env": ("rftstack.env_report", "report the installed stack against the lock and the policy"),
     "relax": ("rftstack.relax", "apply the policy's metadata relaxations so `pip check` is clean"),
+    "example-config": ("rftstack.report_config", "write a serve config of the user report's shape for a model directory"),
     "tiny-model": ("rftstack.tinymodel", "write a tiny random Qwen2 model directory (no download)"),
     "bundle": ("rftstack.bundle", "build or install an offline wheel bundle of the locked stack"),
 }
