@@ -286,9 +286,11 @@ def test_excluded_wheels_are_recorded_and_doctor_reports_them_as_info(built, pyt
     rc, _, err = run_cli(capsys, build_args(lock, ex_out, exclude="word2number", cache=out / ".files"))
     assert rc == 0, err
     target = tmp_path / "site"
-    r = installer(python_with_pip, ex_out / "part-000" / "install.py", "--target", target, "--no-compile", "--json")
+    r = installer(python_with_pip, ex_out / "part-000" / "install.py", "--target", target, "--json")  # compiles by default
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
+    assert summary["compile"]["exit"] == 0 and summary["compile"]["not_compiled"] == []
+    assert list((target / "idna" / "__pycache__").glob("__init__.cpython-*.pyc")), "bytecode written with all cores"
     assert any("word2number" in line for line in summary["pip_check"]["expected"])
     record = json.loads((target / "rftstack_bundle.json").read_text())
     manifest = json.loads((ex_out / "manifest.json").read_text())

@@ -75,6 +75,25 @@ def test_crash_after_ready_exits_nonzero_with_log_tail(tmp_path, session_head, s
     assert_nothing_left(run)
 
 
+def test_engine_process_death_ends_the_serve(tmp_path, session_head, serve_runner):
+    """Trinity's proxy keeps answering /health when its vLLM engine dies; serve watches the
+    processes vLLM titles VLLM::* (here the double's child with that title) and ends."""
+    import os
+    import signal
+
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="engine_child")
+    assert run.wait_event("ready", timeout=180)
+    pids = json.loads((tmp_path / "fake-pids.json").read_text())
+    assert "VLLM::EngineCore (pid %d)" % pids["engine"] in run.stderr_text()
+    os.kill(pids["engine"], signal.SIGKILL)
+    assert run.finish() == 1
+    assert f"the vLLM engine's process VLLM::EngineCore (pid {pids['engine']}) exited while serving, so requests can no longer be answered" in run.stderr
+    st = run.status()
+    assert st["phase"] == "failed" and st["exit_code"] == 1 and "VLLM::EngineCore" in st["exit_reason"]
+    assert not supervisor.alive(pids["trinity"])
+    assert_nothing_left(run)
+
+
 def test_exit_at_start_and_ready_timeout(tmp_path, session_head, serve_runner):
     run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="exit_at_start")
     assert run.finish() == 1

@@ -128,6 +128,7 @@ class Serve:
         self.head: ray_head.Head | None = None
         self.trinity = None
         self.pump = None
+        self.engines: dict[int, str] = {}  # vLLM engine processes seen at ready (pid -> title)
         self.trinity_log: rundir.RotatingLog | None = None
         self.serve_log = None
         self.tag = f"serve-{uuid.uuid4().hex[:12]}"
@@ -303,6 +304,11 @@ class Serve:
             self.say(f"  data: {k} = {v}")
         if serve_config.get(cfg, "explorer.min_running_model_num") == 0:
             self.say("  note: when a new checkpoint appears the engine reloads it; requests wait during a reload")
+        # Trinity's proxy answers /health with 200 whatever its engine does, and Trinity lives on when
+        # an engine process dies: watch vLLM's own processes, so a dead engine ends the serve.
+        self.engines = supervisor.engine_processes(self.tag)
+        if self.engines:
+            self.say("  watching the engine's processes: " + ", ".join(f"{t} (pid {p})" for p, t in sorted(self.engines.items())))
         self.event("ready", endpoint=f"{base_url}/v1", model=model, run_dir=str(self.run.root), data=data,
                    status=str(self.run.status))  # fmt: skip
 
@@ -372,6 +378,9 @@ class Serve:
             return self._fail(f"trinity exited with code {rc}")[0]
         if self.head is not None and self.head.gcs_pid() is None:
             return self._fail("the Ray head's GCS died")[0]
+        for pid, title in sorted(self.engines.items()):
+            if not supervisor.alive(pid):
+                return self._fail(f"the vLLM engine's process {title} (pid {pid}) exited while serving, so requests can no longer be answered")[0]
         return None
 
     def _fail(self, why: str) -> tuple[str, int]:

@@ -57,15 +57,35 @@ def has_tag(pid: int, tag: str, proc: str = "/proc") -> bool:
 
 
 def tagged(tag: str, proc: str = "/proc") -> list[ProcInfo]:
-    """Live (non-zombie) processes that carry ``tag``, this process excluded."""
-    out = []
+    """Live (non-zombie) processes that carry ``tag``, and their descendants; this process excluded.
+
+    Descendants count because a process that retitles itself with setproctitle (vLLM's
+    VLLM::EngineCore and VLLM::Worker, Ray's ray::Actor) overwrites the memory that
+    /proc/PID/environ shows, so its tag can no longer be read; its parent's still can.
+    """
+    infos: dict[int, ProcInfo] = {}
+    found: set[int] = set()
     for pid in all_pids(proc):
-        if pid == os.getpid() or not has_tag(pid, tag, proc):
+        info = read_proc(pid, proc) if pid != os.getpid() else None
+        if info is None or info.state == "Z":
             continue
-        info = read_proc(pid, proc)
-        if info is not None and info.state != "Z":
-            out.append(info)
-    return out
+        infos[pid] = info
+        if has_tag(pid, tag, proc):
+            found.add(pid)
+    grew = bool(found)
+    while grew:
+        new = {pid for pid, info in infos.items() if pid not in found and info.ppid in found}
+        found |= new
+        grew = bool(new)
+    return [infos[pid] for pid in sorted(found)]
+
+
+ENGINE_TITLE_PREFIX = "VLLM::"  # vLLM titles its processes VLLM::EngineCore, VLLM::Worker... (setproctitle)
+
+
+def engine_processes(tag: str, proc: str = "/proc") -> dict[int, str]:
+    """pid -> title of the tagged processes that vLLM titled as its own (engine core, workers)."""
+    return {p.pid: p.cmdline.split()[0] for p in tagged(tag, proc) if p.cmdline.startswith(ENGINE_TITLE_PREFIX)}
 
 
 def in_group(pgid: int, proc: str = "/proc") -> list[ProcInfo]:

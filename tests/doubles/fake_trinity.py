@@ -10,6 +10,8 @@ serves /health and /v1/models on it, and behaves as FAKE_TRINITY (comma-separate
   ignore_sigterm        ignore SIGINT and SIGTERM (serve must escalate to SIGKILL)
   grandchildren         start two `sleep` grandchildren, one in its own session (an escapee)
   check_ray             connect to the Ray head from the config (cluster.ray_address) first
+  engine_child          start a child titled `VLLM::EngineCore` (setproctitle, as vLLM titles its
+                        engine process) and write its pid to $FAKE_TRINITY_PIDS as "engine"
 
 It writes its pid and its grandchildren's pids to $FAKE_TRINITY_PIDS (a file) when set.
 """
@@ -43,6 +45,13 @@ def main() -> int:
         a = subprocess.Popen(["sleep", "600"])
         b = subprocess.Popen(["sleep", "600"], start_new_session=True)
         pids["grandchildren"] = [a.pid, b.pid]
+    if "engine_child" in modes:
+        title = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(600)"
+        pids["engine"] = subprocess.Popen([sys.executable, "-c", title]).pid
+        for _ in range(200):  # vLLM titles its engine long before it is ready; so does the double
+            if open(f"/proc/{pids['engine']}/cmdline", "rb").read().startswith(b"VLLM::"):
+                break
+            time.sleep(0.05)
     if os.environ.get("FAKE_TRINITY_PIDS"):
         with open(os.environ["FAKE_TRINITY_PIDS"], "w") as f:
             json.dump(pids, f)

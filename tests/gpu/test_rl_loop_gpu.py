@@ -33,26 +33,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 if not has_gpu():
     pytest.skip("no NVIDIA GPU here", allow_module_level=True)
 
-CONFIG = """\
-mode: serve
-project: report
-name: qwen3b
-model:
-  model_path: {model}
-  max_model_len: 2048
-  temperature: 0.0
-cluster:
-  node_num: 1
-  gpu_per_node: 1
-explorer:
-  service_status_check_interval: 5
-  rollout_model:
-    engine_num: 1
-    enable_openai_api: true
-    gpu_memory_utilization: 0.60
-synchronizer:
-  sync_method: nccl
-"""
 
 TOOLS = [{
     "type": "function",
@@ -89,12 +69,12 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from rftstack import supervisor, tinymodel
+    from rftstack import report_config, supervisor, tinymodel
 
     tmp = tmp_path_factory.mktemp("rl")
     model = tinymodel.ensure(tmp / "cache" / "rftstack" / "tiny-model")
-    cfg = tmp / "qwen3b.yaml"
-    cfg.write_text(CONFIG.format(model=model))
+    cfg = report_config.write(tmp / "qwen3b.yaml", model, max_model_len=2048, temperature=0.0,
+                              explorer={"service_status_check_interval": 5})
     baseline = gpu_memory_used_mib()
     run = ServeRun(["-c", str(cfg), "--num-gpus", "1"], rftstack_env(XDG_CACHE_HOME=str(tmp / "cache")), tmp, tmp / "run")
     try:
@@ -238,6 +218,29 @@ def test_nothing_listens_outside_loopback(served):
     assert socks
     outside = [(pid, cmd, l.address, l.port) for pid, cmd, l in socks if not l.loopback]
     assert outside == [], outside
+
+
+def test_ray_token_in_no_log_and_no_file_name(served):
+    """The head's token (run/ray-head/auth_token) appears in no other file of the run directory
+    (Trinity's, vLLM's and Ray's real logs, the Ray session through the run's `ray` link) nor in
+    any file name there."""
+    run_dir = served.run.run_dir
+    token_file = run_dir / "ray-head" / "auth_token"
+    token = token_file.read_text().strip()
+    assert len(token) >= 16
+    scanned, hits = 0, []
+    for root, dirs, files in os.walk(run_dir, followlinks=True):
+        for name in dirs + files:
+            assert token not in name
+        for name in files:
+            path = Path(root) / name
+            if path == token_file or not path.is_file() or path.stat().st_size > 64 * 2**20:
+                continue
+            scanned += 1
+            if token.encode() in path.read_bytes():
+                hits.append(str(path))
+    print(f"token searched in {scanned} files of the run directory and its Ray session")
+    assert scanned > 10 and hits == []
 
 
 def test_sigint_stops_everything_and_frees_the_gpu(served):

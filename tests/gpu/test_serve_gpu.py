@@ -1,4 +1,6 @@
-"""`rftstack serve` on a real GPU: embedded default and a report-like config, end to end.
+"""`rftstack serve` on a real GPU with no config at all: the embedded default, end to end.
+
+The report's config through `rftstack serve` is tests/gpu/test_rl_loop_gpu.py.
 
 Run on the GPU host (stack installed system-wide or in a venv):
     python3 -m pytest -q tests/gpu/test_serve_gpu.py
@@ -29,37 +31,12 @@ if not has_gpu():
     pytest.skip("no NVIDIA GPU here", allow_module_level=True)
 
 
-REPORT_LIKE = """\
-mode: serve
-model:
-  model_path: {model}
-  max_model_len: 2048
-cluster:
-  node_num: 1
-  gpu_per_node: 1
-explorer:
-  rollout_model:
-    engine_num: 1
-    enable_openai_api: true
-    gpu_memory_utilization: 0.60
-synchronizer:
-  sync_method: nccl
-"""
 
-
-@pytest.mark.parametrize("kind", ["embedded", "report"])
-def test_serve_end_to_end(tmp_path, kind):
-    from rftstack import tinymodel
-
+def test_embedded_default_end_to_end(tmp_path):
     cache = tmp_path / "cache"
     args = ["--num-gpus", "1"]
     if importlib.util.find_spec("rftstack.doctor") is None:
         args.append("--skip-doctor")
-    if kind == "report":
-        model = tinymodel.ensure(cache / "rftstack" / "tiny-model")
-        cfg = tmp_path / "report.yaml"
-        cfg.write_text(REPORT_LIKE.format(model=model))
-        args += ["-c", str(cfg)]
     baseline = gpu_memory_used_mib()
     env = rftstack_env(XDG_CACHE_HOME=str(cache))
     run = ServeRun(args, env, tmp_path, tmp_path / "run")  # python -m rftstack serve --json --run-dir ...
