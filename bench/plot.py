@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # (key in a serve result, label in the figures)
@@ -61,10 +62,6 @@ def ratios(base: dict, other: dict) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def caption(fig, text: str) -> None:
-    fig.text(0.01, 0.005, text, fontsize=6, color="0.35", ha="left", va="bottom", wrap=True)
-
-
 def _machine(result: dict) -> str:
     m = result.get("machine", {})
     parts = [m.get("gpu") or "", f"host {m.get('host')}", f"{m.get('cpus')} CPUs"]
@@ -74,72 +71,98 @@ def _machine(result: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def plot_curves(curves: list[tuple[str, dict]], title: str, note: str, out_prefix: Path, target: float = 0.95) -> list[Path]:
+@dataclass
+class Figure:
+    """One figure: what draw() puts on it and the file it writes."""
+
+    path: Path
+    title: str
+    xlabel: str
+    ylabel: str = ""
+    lines: list[tuple[list, list, dict]] = field(default_factory=list)  # xs, ys, Axes.plot keywords
+    bars: list[tuple[str, float]] = field(default_factory=list)  # horizontal bars: label, value
+    hlines: list[tuple[float, dict]] = field(default_factory=list)  # y, Axes.axhline keywords
+    xlog: bool = False
+    ylog: bool | None = None  # None: leave the y scale alone (the bars' axis is categorical)
+    ylim: tuple[float, float] | None = None
+    xticks: list[int] | None = None
+    legend: float | None = 7  # legend font size; None: no legend
+    grid: bool = True
+    height: float = 4.6
+    bottom: float = 0.06  # room below the axes for the caption
+    note: str = ""
+
+
+def draw(f: Figure) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
-    # throughput
-    fig, ax = plt.subplots(figsize=(7, 4.6))
-    ys_all = []
-    for label, load in curves:
-        xs, ys = points(load, "tps")
-        ys_all += ys
-        ax.plot(xs, ys, marker="o", label=label)
-    spread = max(ys_all) / min(ys_all) if ys_all and min(ys_all) > 0 else 1
-    ax.set(xscale="log", yscale="log" if spread > 20 else "linear", xlabel="concurrent requests",
-           ylabel="output tokens / s", title=f"{title}: throughput")
-    _ticks(ax, curves)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    caption(fig, note)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    written.append(_save(fig, out_prefix.with_name(out_prefix.name + "-throughput.png")))
-    # latency
-    fig, ax = plt.subplots(figsize=(7, 4.6))
-    for i, (label, load) in enumerate(curves):
-        color = f"C{i}"
-        ax.plot(*points(load, "p50"), marker="o", color=color, label=f"{label} p50")
-        ax.plot(*points(load, "p99"), marker="x", linestyle="--", color=color, label=f"{label} p99")
-    ax.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="latency per request, s", title=f"{title}: latency")
-    _ticks(ax, curves)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=6)
-    caption(fig, note)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    written.append(_save(fig, out_prefix.with_name(out_prefix.name + "-latency.png")))
-    # ratio to the first curve
-    if len(curves) > 1:
-        fig, ax = plt.subplots(figsize=(7, 4.6))
-        base_label, base = curves[0]
-        top = 1.05
-        for i, (label, load) in enumerate(curves[1:], start=1):
-            xs, ys = ratios(base, load)
-            ax.plot(xs, ys, marker="o", color=f"C{i}", label=label)
-            top = max([top, *(y * 1.05 for y in ys)])
-        ax.axhline(1.0, color="0.5", linewidth=0.8)
-        ax.set_ylim(0, top)
-        if target:
-            ax.axhline(target, color="red", linestyle=":", label=f"target: {target} at concurrency 32")
-        ax.set(xscale="log", xlabel="concurrent requests", ylabel=f"throughput / {base_label}", title=f"{title}: ratio to {base_label}")
-        _ticks(ax, curves)
+    fig, ax = plt.subplots(figsize=(7, f.height))
+    for xs, ys, style in f.lines:
+        ax.plot(xs, ys, **style)
+    if f.bars:
+        ax.barh([b[0] for b in f.bars], [b[1] for b in f.bars], color=[f"C{i % 3}" for i in range(len(f.bars))])
+        for i, (_, v) in enumerate(f.bars):
+            ax.text(v, i, f" {v:.0f} s", va="center", fontsize=8)
+        ax.invert_yaxis()
+    for y, style in f.hlines:
+        ax.axhline(y, **style)
+    if f.ylim:
+        ax.set_ylim(*f.ylim)
+    scales = {"xscale": "log"} if f.xlog else {}
+    if f.ylog is not None:
+        scales["yscale"] = "log" if f.ylog else "linear"
+    ax.set(**scales, xlabel=f.xlabel, ylabel=f.ylabel, title=f.title)
+    if f.xticks is not None:
+        ax.set_xticks(f.xticks)
+        ax.set_xticklabels([str(c) for c in f.xticks])
+        ax.minorticks_off()
+    if f.grid:
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        caption(fig, note)
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
-        written.append(_save(fig, out_prefix.with_name(out_prefix.name + "-ratio.png")))
+    if f.legend:
+        ax.legend(fontsize=f.legend)
+    fig.text(0.01, 0.005, f.note, fontsize=6, color="0.35", ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, f.bottom, 1, 1))
+    f.path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(f.path, dpi=120)
     plt.close("all")
-    return written
+    return f.path
+
+
+def plot_curves(curves: list[tuple[str, dict]], title: str, note: str, out_prefix: Path, target: float = 0.95) -> list[Path]:
+    xticks = sorted({lv["concurrency"] for _, load in curves for lv in load["levels"]})
+
+    def fig(kind: str, **kw) -> Figure:
+        path = out_prefix.with_name(f"{out_prefix.name}-{kind}.png")
+        return Figure(path, xlabel="concurrent requests", xlog=True, xticks=xticks, note=note, **kw)
+
+    tps = [(label, *points(load, "tps")) for label, load in curves]
+    ys_all = [y for _, _, ys in tps for y in ys]
+    spread = max(ys_all) / min(ys_all) if ys_all and min(ys_all) > 0 else 1
+    figs = [fig("throughput", title=f"{title}: throughput", ylabel="output tokens / s", ylog=spread > 20,
+                lines=[(xs, ys, {"marker": "o", "label": label}) for label, xs, ys in tps])]
+    latency = []
+    for i, (label, load) in enumerate(curves):
+        latency.append((*points(load, "p50"), {"marker": "o", "color": f"C{i}", "label": f"{label} p50"}))
+        latency.append((*points(load, "p99"), {"marker": "x", "linestyle": "--", "color": f"C{i}", "label": f"{label} p99"}))
+    figs.append(fig("latency", title=f"{title}: latency", ylabel="latency per request, s", ylog=True, lines=latency,
+                    legend=6))
+    if len(curves) > 1:  # throughput of each curve / the first one
+        base_label, base = curves[0]
+        lines = [(*ratios(base, load), {"marker": "o", "color": f"C{i}", "label": label})
+                 for i, (label, load) in enumerate(curves) if i]
+        hlines = [(1.0, {"color": "0.5", "linewidth": 0.8})]
+        if target:
+            hlines.append((target, {"color": "red", "linestyle": ":", "label": f"target: {target} at concurrency 32"}))
+        top = max([1.05, *(y * 1.05 for _, ys, _ in lines for y in ys)])
+        figs.append(fig("ratio", title=f"{title}: ratio to {base_label}", ylabel=f"throughput / {base_label}",
+                        lines=lines, hlines=hlines, ylim=(0, top)))
+    return [draw(f) for f in figs]
 
 
 def plot_ready(results: list[dict], note: str, path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = (("bare", "bare vllm serve"), ("trinity", "rftstack serve"), ("manual", "ray start + trinity run"))
     rows = []
     for res in results:
@@ -149,30 +172,16 @@ def plot_ready(results: list[dict], note: str, path: Path) -> Path | None:
                 rows.append((f"{res['label']}: {label}", r.get("first_answer_incl_ray_start_s", r["first_answer_s"])))
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.6))
-    ax.barh([r[0] for r in rows], [r[1] for r in rows], color=[f"C{i % 3}" for i in range(len(rows))])
-    for i, (_, v) in enumerate(rows):
-        ax.text(v, i, f" {v:.0f} s", va="center", fontsize=8)
-    ax.invert_yaxis()
-    ax.set(xlabel="seconds from start to the first answered chat completion", title="Time to ready")
-    caption(fig, note)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    out = _save(fig, path)
-    plt.close("all")
-    return out
+    return draw(Figure(path, title="Time to ready", xlabel="seconds from start to the first answered chat completion",
+                       bars=rows, legend=None, grid=False, height=0.5 * len(rows) + 1.6, bottom=0.08, note=note))
 
 
-def _ticks(ax, curves) -> None:
-    cs = sorted({lv["concurrency"] for _, load in curves for lv in load["levels"]})
-    ax.set_xticks(cs)
-    ax.set_xticklabels([str(c) for c in cs])
-    ax.minorticks_off() if hasattr(ax, "minorticks_off") else None
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+def _read(f: str, what: str) -> dict | None:
+    try:
+        return json.loads(Path(f).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"plot: cannot read {f} ({exc}); pass a {what} result file", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,10 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     written: list[Path] = []
     serve_results = []
     for f in args.inputs:
-        try:
-            res = json.loads(Path(f).read_text())
-        except (OSError, ValueError) as exc:
-            print(f"plot: cannot read {f} ({exc}); pass a serve_vs_bare.py result file", file=sys.stderr)
+        res = _read(f, "serve_vs_bare.py")
+        if res is None:
             return 2
         serve_results.append(res)
         note = args.note or f"{res.get('command', '')}\n{_machine(res)}; {res.get('started', '')}"
@@ -210,10 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.loadgen:
         curves = []
         for f in args.loadgen:
-            try:
-                lg = json.loads(Path(f).read_text())
-            except (OSError, ValueError) as exc:
-                print(f"plot: cannot read {f} ({exc}); pass a loadgen.py result file", file=sys.stderr)
+            lg = _read(f, "loadgen.py")
+            if lg is None:
                 return 2
             curves.append((lg.get("label") or Path(f).stem, lg))
         note = args.note or f"loadgen.py; host {curves[0][1].get('machine', {}).get('host')}"
