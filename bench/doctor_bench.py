@@ -21,24 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-CONFIG = """\
-mode: serve
-model:
-  model_path: {model}
-  max_model_len: 2048
-cluster:
-  node_num: 1
-  gpu_per_node: 1
-explorer:
-  rollout_model:
-    engine_num: 1
-    enable_openai_api: true
-    gpu_memory_utilization: 0.60
-synchronizer:
-  sync_method: nccl
-checkpoint_root_dir: {root}
-"""
-
 
 def timed(cmd, env) -> float:
     t = time.perf_counter()
@@ -61,7 +43,9 @@ def main() -> int:
             subprocess.run([args.python, "-c", f"from rftstack import tinymodel; tinymodel.ensure({str(model)!r})"],
                            env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             cfg = str(Path(tmp) / "report.yaml")
-            Path(cfg).write_text(CONFIG.format(model=model, root=Path(tmp) / "ckpt"))
+            subprocess.run([args.python, "-m", "rftstack", "example-config", str(model), "--max-model-len", "2048",
+                            "--checkpoint-root-dir", str(Path(tmp) / "ckpt"), "-o", cfg],
+                           env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cases = {
             "rftstack doctor": [args.python, "-m", "rftstack", "doctor"],
             "rftstack doctor -c": [args.python, "-m", "rftstack", "doctor", "-c", cfg],

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rftstack import doctor, policy, tinymodel
+from rftstack import doctor, policy, report_config, tinymodel
 from rftstack.checks import gpu, pyenv, vllm_api
 from rftstack.findings import render
 
@@ -51,23 +51,9 @@ with tempfile.TemporaryDirectory() as tmp:
     # the report's config, on the report's server (driver double), with the real installed stack
     model = tinymodel.ensure(tmp / "tiny")
     cfg = tmp / "report.yaml"
-    cfg.write_text(f"""mode: serve
-model:
-  model_path: {model}
-cluster:
-  node_num: 1
-  gpu_per_node: 1
-explorer:
-  rollout_model:
-    engine_num: 1
-    enable_openai_api: true
-    gpu_memory_utilization: 0.60
-synchronizer:
-  sync_method: nccl
-checkpoint_root_dir: {tmp / 'ckpt'}
-""")
+    report_config.write(cfg, model, project=None, name=None, checkpoint_root_dir=tmp / "ckpt")
     found = doctor.collect(str(cfg), gpu_reader=report_server, env={**os.environ, "RAY_TMPDIR": str(tmp)})
     show("report config, driver 570 (test double), installed stack", found, [""])
-    cfg.write_text(cfg.read_text().replace(f"  model_path: {model}\n", f"  model_path: {model}\n  max_model_len: 2048\n"))
+    report_config.write(cfg, model, max_model_len=2048, project=None, name=None, checkpoint_root_dir=tmp / "ckpt")
     found = doctor.collect(str(cfg), gpu_reader=report_server, env={**os.environ, "RAY_TMPDIR": str(tmp)}, skip={"elf", "toolchain", "pyenv", "vllm-api", "network", "ray"})
     show("report config + max_model_len", found, ["config"])

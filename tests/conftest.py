@@ -24,31 +24,12 @@ def tiny_model(tmp_path_factory) -> Path:
     return tinymodel.ensure(tmp_path_factory.mktemp("models") / "tiny")
 
 
-REPORT_CONFIG = """\
-mode: serve
-project: report
-name: qwen3b
-checkpoint_root_dir: {ckpt}
-model:
-  model_path: {model}
-{extra_model}cluster:
-  node_num: 1
-  gpu_per_node: 1
-explorer:
-  rollout_model:
-    engine_num: 1
-    enable_openai_api: true
-    gpu_memory_utilization: 0.60
-synchronizer:
-  sync_method: nccl
-"""
-
-
 def write_report_config(path: Path, model: Path, *, max_model_len: int | None = 2048) -> Path:
-    """The config of the user report (mode serve, sync_method nccl, engine_num 1, 0.60), on ``model``."""
-    extra = f"  max_model_len: {max_model_len}\n" if max_model_len else ""
-    path.write_text(REPORT_CONFIG.format(ckpt=path.parent / "ckpt", model=model, extra_model=extra))
-    return path
+    """The config of the user report (rftstack.report_config: mode serve, sync_method nccl, engine_num 1,
+    0.60) on ``model``, with max_model_len (None: as the report wrote it) and checkpoints next to ``path``."""
+    from rftstack import report_config
+
+    return report_config.write(path, model, max_model_len=max_model_len, checkpoint_root_dir=path.parent / "ckpt")
 
 
 @pytest.fixture

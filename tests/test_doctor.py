@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import rftstack
-from rftstack import doctor, netstat, tinymodel
+from rftstack import doctor, netstat, report_config, tinymodel
 from rftstack.checks import config as config_check
 from rftstack.checks import gpu, model, network, rlloop, vllm_api
 from rftstack.checks import ray_cluster as ray
@@ -33,37 +34,16 @@ def driver_580():
     return gpu.GpuInfo("580.65.06", (13, 0), (RTX_5880,), "test double: driver 580 (NVML)")
 
 
-REPORT_CONFIG = """\
-mode: serve
-model:
-  model_path: {model}
-{extra}cluster:
-  node_num: 1
-  gpu_per_node: 1
-explorer:
-  rollout_model:
-    engine_num: 1
-    enable_openai_api: true
-    gpu_memory_utilization: 0.60
-synchronizer:
-  sync_method: nccl
-"""
-
-
 @pytest.fixture(scope="module")
 def tiny(tiny_model):
     """The session's tiny Qwen2 model directory (tests/conftest.py)."""
     return tiny_model
 
 
-def write_config(tmp_path, model_dir, max_model_len=None, name="report.yaml", checkpoint_root=None):
-    extra = f"  max_model_len: {max_model_len}\n" if max_model_len else ""
-    text = REPORT_CONFIG.format(model=model_dir, extra=extra)
-    root = checkpoint_root or (tmp_path / "ckpt")
-    text += f"checkpoint_root_dir: {root}\n"
-    p = tmp_path / name
-    p.write_text(text)
-    return p
+def write_config(tmp_path, model_dir, max_model_len=None, name="report.yaml"):
+    """The report's config as the report wrote it (no project/name; max_model_len only if given)."""
+    return report_config.write(tmp_path / name, model_dir, max_model_len=max_model_len, project=None, name=None,
+                               checkpoint_root_dir=tmp_path / "ckpt")
 
 
 def by_check(found):
@@ -95,8 +75,10 @@ def probes(tiny, tmp_path_factory):
     sizes (Trinity would ray.init() to count GPUs; the probe must not). The report's config as
     written (no max_model_len) goes through `doctor.collect` below."""
     d = tmp_path_factory.mktemp("cfg")
-    paths = {"with": write_config(d, tiny, 2048, name="with.yaml"), "nocluster": write_config(d, tiny, 2048, name="nocluster.yaml")}
-    paths["nocluster"].write_text(paths["nocluster"].read_text().replace("  node_num: 1\n  gpu_per_node: 1\n", "  node_num: 0\n"))
+    nocluster = report_config.config(tiny, max_model_len=2048, project=None, name=None, checkpoint_root_dir=d / "ckpt")
+    nocluster["cluster"] = {"node_num": 0}
+    paths = {"with": write_config(d, tiny, 2048, name="with.yaml"), "nocluster": d / "nocluster.yaml"}
+    paths["nocluster"].write_text(yaml.safe_dump(nocluster, sort_keys=False))
     procs = {k: subprocess.Popen([sys.executable, "-P", str(config_check.PROBE), str(p), "1"], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, cwd=d) for k, p in paths.items()}
     out = {}

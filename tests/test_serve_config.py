@@ -7,29 +7,14 @@ import sys
 import pytest
 import yaml
 
-from rftstack import serve_config
+from rftstack import report_config, serve_config
 from rftstack.errors import UserError
-
-# The user report's config (seeds/000_*.txt), with the model path replaced.
-REPORT_YAML = """
-mode: serve
-model:
-  model_path: {model}
-cluster:
-  node_num: 1
-  gpu_per_node: 1
-explorer:
-  rollout_model:
-    engine_num: 1
-    enable_openai_api: true
-    gpu_memory_utilization: 0.60
-synchronizer:
-  sync_method: nccl
-"""
 
 
 def report(model="/models/Qwen2.5-3B-Instruct"):
-    return yaml.safe_load(REPORT_YAML.format(model=model))
+    """The user report's config (seeds/000_*.txt) as parsed, with the model path replaced: no
+    project/name, so Trinity's defaults (Trinity-RFT/rft) name the checkpoint dirs."""
+    return report_config.config(model, project=None, name=None)
 
 
 def eff(user, **kw):
