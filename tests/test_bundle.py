@@ -299,3 +299,15 @@ def test_excluded_wheels_are_recorded_and_doctor_reports_them_as_info(built, pyt
     found = {f.check: f for f in pyenv.check(pyenv.installed([str(target)]), policy.load(), **pyenv.context([str(target)]))}
     assert found["pyenv.bundle-excluded"].status == "info" and "word2number" in found["pyenv.bundle-excluded"].message
     assert found["pyenv.requirements"].status == "ok"
+
+
+def test_relative_out_and_cache_build_the_project(built, capsys, tmp_path, monkeypatch):
+    """`--out .wheelhouse` from the project root (relative paths; the wheel builder runs in another
+    directory) once failed with `Source .../src does not exist`."""
+    lock, out, m = built
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(out / ".files", tmp_path / "cache")
+    rc, stdout, err = run_cli(capsys, build_args(lock, Path("rel-out"), cache="cache"))
+    assert rc == 0, err
+    files = {f["dist"]: f for f in json.loads((tmp_path / "rel-out" / "manifest.json").read_text())["files"]}
+    assert files["bundle-probe"]["source"] == bundle.BUILT_HERE

@@ -106,6 +106,7 @@ def is_pure(wheel_name: str) -> bool:
 def build_wheel(src: Path, out_dir: Path, what: str) -> Path:
     """Build one wheel from a source tree or sdist with `uv build` (or pip wheel); returns its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    src, out_dir = src.resolve(), out_dir.resolve()  # the builder runs in out_dir: relative paths would dangle
     uv = shutil.which("uv")
     if uv:
         cmd = [uv, "build", "--wheel", "--quiet", "--no-config", "--out-dir", str(out_dir), str(src)]
