@@ -232,31 +232,11 @@ def find_openai_servers(ports: set[int], exclude: set[int]) -> list[str]:
 def trinity_config(path: Path, *, model: Path, label: str, max_model_len: int, gpu_util: float,
                    proxy_port: int, ckpt: Path, db_url: str | None) -> Path:
     """The report's serve config on ``model``, with the proxy on loopback and the bench's settings."""
-    lines = [
-        "mode: serve",
-        "project: bench",
-        f"name: {label}",
-        f"checkpoint_root_dir: {ckpt}",
-        "model:",
-        f"  model_path: {model}",
-        f"  max_model_len: {max_model_len}",
-        "  temperature: 1.0",
-        "cluster:",
-        "  node_num: 1",
-        "  gpu_per_node: 1",
-        "explorer:",
-        "  listen_address: 127.0.0.1",
-        f"  proxy_port: {proxy_port}",
-        *([f"  db_url: {db_url}"] if db_url else []),
-        "  rollout_model:",
-        "    engine_num: 1",
-        "    enable_openai_api: true",
-        f"    gpu_memory_utilization: {gpu_util}",
-        "synchronizer:",
-        "  sync_method: nccl",
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    from rftstack import report_config
+
+    explorer = {"listen_address": "127.0.0.1", "proxy_port": proxy_port, **({"db_url": db_url} if db_url else {})}
+    return report_config.write(path, model, max_model_len=max_model_len, checkpoint_root_dir=ckpt, temperature=1.0,
+                               project="bench", name=label, gpu_memory_utilization=gpu_util, explorer=explorer)
 
 
 class Bench:

@@ -63,7 +63,7 @@ def check(proxy_port: int, listen_address: str, listeners: list[netstat.Listener
     if c:
         by = who(c[0].inode) or "another process"
         out.append(Finding("network.proxy_port", FAIL, f"Port {proxy_port} (explorer.proxy_port) is already taken on {c[0].address} by {by}, so Trinity's proxy cannot start.",
-                           f"Stop that process or set `explorer.proxy_port` to a free port.", {"port": proxy_port, "holder": by}))
+                           "Stop that process or set `explorer.proxy_port` to a free port.", {"port": proxy_port, "holder": by}))
     else:
         out.append(Finding("network.proxy_port", OK, f"Port {proxy_port} (explorer.proxy_port) is free.", "", {"port": proxy_port}))
     who_can = exposure(listen_address)

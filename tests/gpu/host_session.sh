@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One GPU-host session: every GPU test and benchmark, in order, each step's output in $LOGS/<step>.log
+# and one line per step in $LOGS/steps.txt; a failing step does not stop the next one.
+#
+#   setsid bash tests/gpu/host_session.sh [STEP...] </dev/null >/tmp/gs.out 2>&1 &
+#
+# Started detached so that it outlives one call of a time-limited remote shell; later calls only
+# collect $LOGS. Steps (default: all, in this order):
+#   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve (issue 6)
+#   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL (8)
+#   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve (7)
+#   qwen3b     the same on the Qwen2.5-3B-shaped model (7)
+#   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run (7)
+#   default    tests/gpu/test_serve_gpu.py          the embedded default (6)
+# Needs: the locked stack installed for python3 (rftstack bundle install), no network.
+set -u
+cd "$(dirname "$0")/../.."
+LOGS=${LOGS:-/tmp/gs}
+mkdir -p "$LOGS/results"
+export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 RFTSTACK_GPU_RESULTS=$LOGS/results
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}  # no flashinfer-cubin in the bundle
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(rl rel tiny qwen3b ready default)
+
+note() { echo "$(date -u +%FT%TZ) $*" | tee -a "$LOGS/steps.txt"; }
+
+# the 3B-shaped model is written on the GPU in under a minute; do it beside the first step
+(python3 bench/model_3b.py /tmp/bench/qwen3b > "$LOGS/model_3b.log" 2>&1; python3 -m rftstack tiny-model /tmp/bench/tiny >> "$LOGS/model_3b.log" 2>&1) &
+
+if python3 -m rftstack doctor --json > "$LOGS/doctor.json" 2> "$LOGS/doctor.err"; then
+    note "doctor: ok"
+    serve_cmd="{python} -m rftstack serve -c {config} --run-dir {run_dir}"
+else
+    note "doctor: FAILED (see doctor.json); tests and benchmarks run with --skip-doctor"
+    export RFTSTACK_TEST_SKIP_DOCTOR=1
+    serve_cmd="{python} -m rftstack serve -c {config} --run-dir {run_dir} --skip-doctor"
+fi
+
+pytest_gpu() { python3 -m pytest -v -s -p no:cacheprovider -o addopts= --basetemp="/tmp/pt-$1" "tests/gpu/$2"; }
+bench() { wait; python3 bench/serve_vs_bare.py --serve-cmd "$serve_cmd" --out "$LOGS/bench" "$@"; }
+
+for step in "${steps[@]}"; do
+    note "start $step"
+    t0=$(date +%s)
+    case $step in
+        rl) pytest_gpu rl test_rl_loop_gpu.py ;;
+        rel) pytest_gpu rel test_reliability_gpu.py ;;
+        tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;
+        qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
+        ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
+        default) pytest_gpu default test_serve_gpu.py ;;
+        *) note "unknown step $step"; continue ;;
+    esac > "$LOGS/$step.log" 2>&1
+    note "end $step rc=$? $(( $(date +%s) - t0 )) s"
+    # the runs' own directories (logs, status, configs) for the record; not the models or caches
+    tar czf "$LOGS/$step-runs.tgz" --exclude='*.safetensors' --exclude='cache' --exclude='*.db' \
+        /tmp/pt-$step "$LOGS/bench/work" 2>/dev/null
+done
+note "all done"
