@@ -37,7 +37,8 @@ def upstream_double() -> FastAPI:
         if body.get("model") != "m":
             return JSONResponse(status_code=404, content={"error": {"message": f"The model `{body.get('model')}` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}})
         if body.get("max_tokens", 16) > MAX_LEN:
-            msg = f"This model's maximum context length is {MAX_LEN} tokens. However, you requested {body['max_tokens']} output tokens and your prompt contains at least 1 input tokens."
+            # vLLM 0.23's renderers/params.py, as the H200 run returned it through Trinity's proxy
+            msg = f"max_tokens={body['max_tokens']} cannot be greater than max_model_len=max_total_tokens={MAX_LEN}. Please request fewer output tokens."
             return JSONResponse(status_code=400, content={"error": {"message": msg, "type": "BadRequestError", "param": "max_tokens", "code": 400}})
         return {"id": "chatcmpl-1", "object": "chat.completion", "model": "m", "prompt_token_ids": [1, 2, 3],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "token_ids": [4, 5],
@@ -132,7 +133,7 @@ def test_chat_bad_requests_are_4xx_with_a_sentence(answers):
     got, service, db = answers[True]
     assert got[0][0] == 400 and json.loads(got[0][1])["detail"].startswith("Invalid JSON: Expecting property name enclosed in double quotes")
     assert got[1] == (404, json.dumps({"error": {"message": "The model `nope` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}}, separators=(",", ":")))
-    assert got[2][0] == 400 and json.loads(got[2][1])["error"]["message"].startswith("This model's maximum context length is 2048 tokens.")
+    assert got[2][0] == 400 and json.loads(got[2][1])["error"]["message"].endswith("cannot be greater than max_model_len=max_total_tokens=2048. Please request fewer output tokens.")
     assert got[3][0] == 200
     # only the good request was recorded: failed ones leave no experience behind
     import sqlite3

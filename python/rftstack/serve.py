@@ -305,10 +305,15 @@ class Serve:
         if serve_config.get(cfg, "explorer.min_running_model_num") == 0:
             self.say("  note: when a new checkpoint appears the engine reloads it; requests wait during a reload")
         # Trinity's proxy answers /health with 200 whatever its engine does, and Trinity lives on when
-        # an engine process dies: watch vLLM's own processes, so a dead engine ends the serve.
-        self.engines = supervisor.engine_processes(self.tag)
-        if self.engines:
-            self.say("  watching the engine's processes: " + ", ".join(f"{t} (pid {p})" for p, t in sorted(self.engines.items())))
+        # an engine process dies (seen on the H200: a killed VLLM::Worker left serve "ready" for good):
+        # watch vLLM's own processes, so a dead engine ends the serve. They are children of Ray's
+        # workers, so only a head of this serve's own lets us find them.
+        if self.head is not None:
+            self.engines = {**supervisor.engine_processes(self.tag), **supervisor.engine_processes(self.head.tag)}
+            if self.engines:
+                self.say("  watching the engine's processes: " + ", ".join(f"{t} (pid {p})" for p, t in sorted(self.engines.items())))
+        else:
+            self.say("  note: the engine's processes run under a Ray head not started by this serve, so they are not watched")
         self.event("ready", endpoint=f"{base_url}/v1", model=model, run_dir=str(self.run.root), data=data,
                    status=str(self.run.status))  # fmt: skip
 

@@ -10,8 +10,9 @@ serves /health and /v1/models on it, and behaves as FAKE_TRINITY (comma-separate
   ignore_sigterm        ignore SIGINT and SIGTERM (serve must escalate to SIGKILL)
   grandchildren         start two `sleep` grandchildren, one in its own session (an escapee)
   check_ray             connect to the Ray head from the config (cluster.ray_address) first
-  engine_child          start a child titled `VLLM::EngineCore` (setproctitle, as vLLM titles its
-                        engine process) and write its pid to $FAKE_TRINITY_PIDS as "engine"
+  engine_child          as Trinity does, create a Ray actor whose child process is titled
+                        `VLLM::EngineCore` (setproctitle, as vLLM titles its engine); its pid goes
+                        to $FAKE_TRINITY_PIDS as "engine"
 
 It writes its pid and its grandchildren's pids to $FAKE_TRINITY_PIDS (a file) when set.
 """
@@ -26,6 +27,30 @@ import threading
 import time
 
 import yaml
+
+
+ENGINE = None  # the actor handle: the actor (and its titled child) lives as long as the double
+
+
+def start_engine_child(ray_address: str) -> int:
+    global ENGINE
+    import ray
+
+    ray.init(address=ray_address, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Engine:
+        def start(self) -> int:
+            title = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(600)"
+            self.proc = subprocess.Popen([sys.executable, "-c", title])
+            for _ in range(200):  # vLLM titles its engine long before it is ready; so does the double
+                if open(f"/proc/{self.proc.pid}/cmdline", "rb").read().startswith(b"VLLM::"):
+                    break
+                time.sleep(0.05)
+            return self.proc.pid
+
+    ENGINE = Engine.remote()
+    return ray.get(ENGINE.start.remote())
 
 
 def main() -> int:
@@ -46,12 +71,7 @@ def main() -> int:
         b = subprocess.Popen(["sleep", "600"], start_new_session=True)
         pids["grandchildren"] = [a.pid, b.pid]
     if "engine_child" in modes:
-        title = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(600)"
-        pids["engine"] = subprocess.Popen([sys.executable, "-c", title]).pid
-        for _ in range(200):  # vLLM titles its engine long before it is ready; so does the double
-            if open(f"/proc/{pids['engine']}/cmdline", "rb").read().startswith(b"VLLM::"):
-                break
-            time.sleep(0.05)
+        pids["engine"] = start_engine_child(cfg["cluster"]["ray_address"])
     if os.environ.get("FAKE_TRINITY_PIDS"):
         with open(os.environ["FAKE_TRINITY_PIDS"], "w") as f:
             json.dump(pids, f)
