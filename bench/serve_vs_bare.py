@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import platform
@@ -224,8 +225,8 @@ def find_openai_servers(ports: set[int], exclude: set[int]) -> list[str]:
             status, data = http_json(url + "/v1/models", timeout=1.0)
             if status == 200 and isinstance(data, dict) and data.get("data"):
                 found.append(url)
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
-            continue
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
+            continue  # not HTTP (Ray's and vLLM's gRPC ports answer with HTTP/2 frames: BadStatusLine)
     return found
 
 
@@ -410,11 +411,14 @@ class Bench:
             base = r["ready"]["base_url"]
             r["load"] = self.load(base, "trinity-proxy", like_proxy=False, model=r["ready"]["model"])
             proxy = int(base.rsplit(":", 1)[1])
-            engines = find_openai_servers(listening_ports() - before, exclude={proxy})
-            r["engine_urls"] = engines
-            if engines and not self.args.no_like_proxy:
-                r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=True,
-                                                    model=r["ready"]["model"])
+            try:  # the proxy's figures above are kept whatever happens here
+                engines = find_openai_servers(listening_ports() - before, exclude={proxy})
+                r["engine_urls"] = engines
+                if engines and not self.args.no_like_proxy:
+                    r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=True,
+                                                        model=r["ready"]["model"])
+            except Exception as exc:
+                r["engine_direct_error"] = f"{type(exc).__name__}: {exc}"[:300]
             try:
                 r["proxy_metrics"] = http_json(base + "/metrics", timeout=5)[1]
             except (urllib.error.URLError, OSError, ValueError):

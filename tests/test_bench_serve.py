@@ -188,3 +188,47 @@ def test_merge_serve_combines_phases_and_recomputes_the_summary(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "bench/merge_serve.py"), "--out", str(tmp_path / "x.json"),
                         str(tmp_path / "a.json"), str(tmp_path / "c.json")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "different models" in r.stderr
+
+
+def test_find_openai_servers_skips_ports_that_do_not_speak_http():
+    """On the H200 the engine search hit a gRPC port (HTTP/2 frames: BadStatusLine) and lost the
+    phase; now such ports are skipped and a real OpenAI-style server is still found."""
+    import http.server
+    import socket
+    import threading
+
+    grpc_like = socket.socket()
+    grpc_like.bind(("127.0.0.1", 0))
+    grpc_like.listen()
+
+    def answer_h2() -> None:
+        while True:
+            try:
+                conn, _ = grpc_like.accept()
+            except OSError:
+                return
+            conn.sendall(b"\x00\x00\x18\x04\x00\x00\x00\x00\x00\x00\x04\x00@\x00\x00\x00\x05\x00@\x00\x00\x00")
+            conn.close()
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threads = [threading.Thread(target=answer_h2, daemon=True), threading.Thread(target=httpd.serve_forever, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        ports = {grpc_like.getsockname()[1], httpd.server_address[1]}
+        assert svb.find_openai_servers(ports, exclude=set()) == [f"http://127.0.0.1:{httpd.server_address[1]}"]
+    finally:
+        httpd.shutdown()
+        grpc_like.close()
