@@ -207,7 +207,8 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
                 conn, _ = grpc_like.accept()
             except OSError:
                 return
-            conn.sendall(b"\x00\x00\x18\x04\x00\x00\x00\x00\x00\x00\x04\x00@\x00\x00\x00\x05\x00@\x00\x00\x00")
+            conn.recv(65536)  # the HTTP/1 request, answered with HTTP/2 SETTINGS and GOAWAY bytes
+            conn.sendall(b"\x00\x00\x18\x04\x00\x00\x00\x00\x00\x00\x04\x00@\x00\x00\x00\x05\x00@\x00\x00\x00\x00\x00\x08\x07\n")
             conn.close()
 
     class Models(http.server.BaseHTTPRequestHandler):
