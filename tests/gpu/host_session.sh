@@ -5,9 +5,11 @@
 #   setsid bash tests/gpu/host_session.sh [STEP...] </dev/null >/tmp/gs.out 2>&1 &
 #
 # Started detached so that it outlives one call of a time-limited remote shell; later calls only
-# collect $LOGS. Steps (default: all, in this order):
+# collect $LOGS. Never stop it with `pkill -f host_session.sh` from a remote shell whose own command
+# line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
 #   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve (issue 6)
 #   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL (8)
+#   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
 #   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve (7)
 #   qwen3b     the same on the Qwen2.5-3B-shaped model (7)
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run (7)
@@ -36,7 +38,7 @@ else
     serve_cmd="{python} -m rftstack serve -c {config} --run-dir {run_dir} --skip-doctor"
 fi
 
-pytest_gpu() { python3 -m pytest -v -s -p no:cacheprovider -o addopts= --basetemp="/tmp/pt-$1" "tests/gpu/$2"; }
+pytest_gpu() { local name=$1 file=$2; shift 2; python3 -m pytest -v -s -p no:cacheprovider -o addopts= --basetemp="/tmp/pt-$name" "tests/gpu/$file" "$@"; }
 bench() { wait; python3 bench/serve_vs_bare.py --serve-cmd "$serve_cmd" --out "$LOGS/bench" "$@"; }
 
 for step in "${steps[@]}"; do
@@ -45,6 +47,7 @@ for step in "${steps[@]}"; do
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
         rel) pytest_gpu rel test_reliability_gpu.py ;;
+        kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
         tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;

@@ -253,8 +253,15 @@ def test_worker_sigkill_during_load_keeps_committed_experiences(served):
 
     run, ready = served
     base, model = ready["base"], ready["model"]
+    for i in range(3):  # committed experiences of its own, so the test also runs alone (-k worker)
+        r = post(base + "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": f"before {i}"}], "max_tokens": 8})
+        post(base + "/feedback", {"msg_ids": [r["id"]], "reward": 0.5})
+    post(base + "/commit", {})
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and not any(reward == 0.5 for _, reward in experience_rows(ready["db"])):
+        time.sleep(1)
     before = experience_rows(ready["db"])
-    assert before
+    assert sum(reward == 0.5 for _, reward in before) == 3
     tags = run.tags()
     engines = {pid: title for tag in tags for pid, title in supervisor.engine_processes(tag).items()}
     print(f"engine processes: {engines}")
