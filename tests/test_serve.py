@@ -121,7 +121,8 @@ def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, serve_runner):
 
 def test_preflight_failure_stops_before_anything_starts(tmp_path, tiny_model, serve_runner):
     """Without --skip-doctor the real doctor runs on the config trinity would get; on this CPU-only
-    machine it finds no NVIDIA driver (a FAIL), so serve stops before Ray or trinity start."""
+    machine it finds no NVIDIA driver (a FAIL), so serve stops before trinity starts; the Ray head
+    that started alongside the preflight is stopped again, and nothing is left."""
     if importlib.util.find_spec("rftstack.doctor") is None:
         run = serve_runner(["-c", write_config(tmp_path)])
         assert run.finish(timeout=60) == 2
@@ -138,6 +139,8 @@ def test_preflight_failure_stops_before_anything_starts(tmp_path, tiny_model, se
     assert (run.run_dir / "config.preflight.yaml").exists()
     assert not (run.run_dir / "ray").exists() and not (run.run_dir / "logs" / "trinity.log").exists()
     assert run.status()["phase"] == "failed"
+    assert "Ray head stopped" in run.stderr
+    assert_nothing_left(run)
 
 
 def test_own_head_is_loopback_only_and_ray_death_stops_trinity(tmp_path, serve_runner):

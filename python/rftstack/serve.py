@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -120,6 +121,46 @@ def patch_warnings() -> list[str]:
 # ---- the shell ----------------------------------------------------------------------------------
 
 
+class HeadStarter:
+    """Start this serve's own Ray head in a thread (``with`` block), overlapping the preflight.
+
+    On leaving the block the thread is joined and the head, if it came up, is handed to the serve
+    at once, so that a failing preflight (or a signal) still has it stopped by the teardown.
+    """
+
+    def __init__(self, serve: "Serve", num_gpus: int | None):
+        self.serve = serve
+        self.num_gpus = num_gpus
+        self.head: ray_head.Head | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._start, name="ray-head-start", daemon=True)
+
+    def _start(self) -> None:
+        run = self.serve.run
+        try:
+            self.head = ray_head.start(state_dir=run.root / "ray-head", num_gpus=self.num_gpus,
+                                       log_path=run.log("ray-start.log"), progress=self.serve.say)  # fmt: skip
+        except BaseException as exc:  # re-raised in the main thread by result()
+            self.error = exc
+
+    def __enter__(self) -> "HeadStarter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.thread.join()
+        self.serve.head = self.head  # the teardown stops it whatever happened in the block
+        if self.head is not None and self.serve.status is not None:
+            self.serve.status.update(ray={"address": self.head.address, "tag": self.head.tag})
+        if exc_type is not None:
+            self.serve.quick_head_stop = True  # a head nobody used: no grace period
+
+    def result(self) -> ray_head.Head:
+        if self.error is not None:
+            raise self.error
+        return self.head
+
+
 class Serve:
     def __init__(self, args):
         self.args = args
@@ -129,6 +170,7 @@ class Serve:
         self.trinity = None
         self.pump = None
         self.engines: dict[int, str] = {}  # vLLM engine processes seen at ready (pid -> title)
+        self.quick_head_stop = False
         self.trinity_log: rundir.RotatingLog | None = None
         self.serve_log = None
         self.tag = f"serve-{uuid.uuid4().hex[:12]}"
@@ -209,7 +251,17 @@ class Serve:
         pre, _ = make(args.ray_address or "auto")
         preflight = self.run.root / "config.preflight.yaml"
         rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
-        self._preflight(str(preflight))
+        if args.ray_address:
+            token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            if not token:
+                raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
+            self._preflight(str(preflight))
+        else:
+            # an own head starts while the preflight runs (both take seconds; neither needs the
+            # other): the head is stopped again by the teardown if the preflight fails
+            with HeadStarter(self, args.num_gpus) as starter:
+                self._preflight(str(preflight))
+            self.head = starter.result()
         guard_checkpoints(serve_config.job_dir(pre))
         if self._interrupted():
             return "stopped by signal", 0
@@ -217,19 +269,10 @@ class Serve:
         # -- Ray
         self.phase("ray")
         if args.ray_address:
-            token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
-            if not token:
-                raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
             ray_env = ray_head.client_env(args.ray_address, str(Path(token).absolute()))
             ray_address = args.ray_address
             self.say(f"joining the Ray head at {ray_address} (not started here, not stopped here)")
         else:
-            self.head = ray_head.start(
-                state_dir=self.run.root / "ray-head",
-                num_gpus=args.num_gpus,
-                log_path=self.run.log("ray-start.log"),
-                progress=self.say,
-            )
             (self.run.root / "ray").symlink_to(self.head.temp_dir)
             ray_env, ray_address = self.head.env(), self.head.address
             self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": self.head.dashboard_url,
@@ -435,7 +478,7 @@ class Serve:
                 self.pump.join(timeout=5)
         if self.head is not None:
             self.say("stopping the Ray head")
-            res = ray_head.stop(self.head, timeout=0 if fast else 10, hurry=lambda: len(self.signals) > 1)
+            res = ray_head.stop(self.head, timeout=0 if fast or self.quick_head_stop else 10, hurry=lambda: len(self.signals) > 1)
             if res.left:
                 clean = False
                 self.say(f"still alive after SIGKILL: {[(p.pid, p.cmdline[:60]) for p in res.left]}")
