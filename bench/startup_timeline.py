@@ -128,9 +128,10 @@ MARKERS: list[Marker] = [
     Marker("graphs", "CUDA graphs captured", "trinity", ("Worker",), r"Graph capturing finished", "engine"),
     Marker("engine_init", "engine init done (init engine ... took)", "trinity", ("EngineCore",),
            r"init engine \(profile, create kv cache, warmup model\) took", "startup",
-           "unlogged; inferred: Trinity's apply_patches collective RPC, whose Worker imports "
-           "verl.utils.vllm.patch (it imports vLLM's MoE/VL model modules; the Worker's transformers "
-           "deprecation line comes from it)", reported=r"took (\d+(?:\.\d+)?) s"),
+           "unlogged and not identified: Trinity then calls apply_patches on the Worker (it imports "
+           "verl.utils.vllm.patch, but that import took 2.6 s on the CPU machine, so it explains little) "
+           "and starts the engine's API server; a run with VLLM_LOGGING_LEVEL=DEBUG would show more",
+           reported=r"took (\d+(?:\.\d+)?) s"),
     Marker("api_start", "engine's OpenAI server starting (vLLM API patch)", "trinity", ("vLLMRolloutModel",),
            r"Using vLLM API patch|Starting vLLM OpenAI API server", "engine"),
     Marker("api_listening", "engine's OpenAI server listening", "trinity", ("vLLMRolloutModel",),
