@@ -18,8 +18,9 @@ uvicorn counts as uvicorn and h11 under httpcore as httpx; a sample with nothing
 are sampled too and the aiosqlite worker threads' waits are told apart (sqlite's busy handler
 sleeping on another connection's lock, fdatasync, journal unlink, waiting for work).
 
-CPU ms per response of a category = its share of the MAIN thread's samples x the main thread's
-CPU ms per response (baseline window); the aiosqlite worker threads' CPU is measured separately
+CPU ms per response of a category = its share of the MAIN thread's busy samples (all but those in
+epoll_wait, which py-spy does not always drop as idle) x the main thread's CPU ms per response
+(baseline window); the aiosqlite worker threads' CPU is measured separately
 (their samples are mostly waits, not CPU: see --native).
 
     python bench/proxy_profile.py --out bench/results/proxy-profile-cpu.json \\
@@ -74,6 +75,7 @@ RULES: list[tuple[str, tuple[str, ...], str | None]] = [
     ("Trinity proxy app (handlers)", ("trinity/explorer/proxy/app.py",), None),
 ]
 LOOP = "asyncio event loop + socket I/O"
+EPOLL = "event loop in epoll_wait (mostly idle: waiting for the DB or upstream)"
 OTHER = "other"
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
@@ -103,6 +105,8 @@ def parse_frame(frame: str) -> tuple[str, str]:
 
 def thread_kind(root: str) -> str:
     """``thread (123): MainThread`` -> main; aiosqlite's connection threads -> aiosqlite; else other."""
+    if root.startswith("thread: "):  # already normalised (the saved stacks)
+        return root[len("thread: "):]
     if not root.startswith("thread ("):
         return "main"  # recorded without --threads: no thread frame
     if root.endswith("MainThread"):
@@ -114,6 +118,10 @@ def thread_kind(root: str) -> str:
 
 def categorise(frames: list[str]) -> str:
     """The category of one sample (frames root first, as py-spy writes them)."""
+    if frames:
+        func, path = parse_frame(frames[-1])
+        if (path == "selectors.py" and func == "EpollSelector.select") or (path == "@native" and func == "epoll_wait"):
+            return EPOLL
     loop = False
     for frame in reversed(frames):
         func, path = parse_frame(frame)
@@ -141,7 +149,7 @@ def normalise(stacks: list[tuple[list[str], int]]) -> str:
     """Collapsed stacks with short paths and thread ids dropped (``thread: main|aiosqlite|other``), merged."""
     merged: Counter = Counter()
     for frames, n in stacks:
-        root = frames[0] if frames and frames[0].startswith("thread (") else None
+        root = frames[0] if frames and frames[0].startswith(("thread (", "thread: ")) else None
         rest = frames[1:] if root else frames
         out = [f"thread: {thread_kind(root or '')}"]
         for f in rest:
@@ -160,7 +168,7 @@ def summarise(stacks: list[tuple[list[str], int]], top: int = 15) -> dict:
     cat_thread: dict[str, Counter] = {}
     self_fn: Counter = Counter()
     for frames, n in stacks:
-        root = frames[0] if frames and frames[0].startswith("thread (") else ""
+        root = frames[0] if frames and frames[0].startswith(("thread (", "thread: ")) else ""
         kind = thread_kind(root)
         rest = frames[1:] if root else frames
         by_thread[kind] += n
@@ -242,10 +250,14 @@ def window(load: Load, pid: int, action) -> dict:
 
 
 def ms_table(summary: dict, base: dict) -> dict:
-    """CPU ms per response by category: main-thread shares x main-thread ms/response, plus the other threads' CPU."""
+    """CPU ms per response by category: main-thread shares x main-thread ms/response, plus the other threads' CPU.
+
+    Samples in epoll_wait are not counted as CPU (py-spy does not always drop the idle main thread): the
+    main thread's CPU is spread over its other samples."""
     main = summary["categories_by_thread"].get("main", {})
     per = base.get("cpu_ms_per_response_main") or 0.0
-    out = {k: round(v["pct"] / 100 * per, 3) for k, v in main.items()}
+    busy = sum(v["pct"] for k, v in main.items() if k != EPOLL)
+    out = {k: (0.0 if k == EPOLL or not busy else round(v["pct"] / busy * per, 3)) for k, v in main.items()}
     out["(aiosqlite worker + other threads: their measured CPU)"] = base.get("cpu_ms_per_response_other_threads")
     return out
 

@@ -69,7 +69,7 @@ def test_each_sample_gets_the_category_of_its_first_matching_frame_from_the_leaf
         "Experience serialization (safetensors + pickle)",
         "Experience build (torch tensors)",
         "SQLAlchemy (ORM, core, async adaptation)",
-        "asyncio event loop + socket I/O",
+        "event loop in epoll_wait (mostly idle: waiting for the DB or upstream)",
         "aiosqlite/sqlite3 (incl. worker threads)",
         "sqlite busy wait (usleep: another connection holds the lock)",
         "sqlite fdatasync/fsync",
@@ -82,7 +82,7 @@ def test_summary_counts_threads_categories_and_self_time():
     assert s["samples"] == 8 + 1 + 3 + 24 + 4 + 4 + 4 + 165 + 918 + 990 + 28 + 4
     assert s["samples_by_thread"] == {"aiosqlite": 918 + 990 + 28, "main": 8 + 1 + 3 + 24 + 4 + 4 + 4 + 165 + 4}
     main = s["categories_by_thread"]["main"]
-    assert main["asyncio event loop + socket I/O"]["samples"] == 165
+    assert main[pp.EPOLL]["samples"] == 165
     assert round(sum(v["pct"] for v in main.values())) == 100
     assert s["top_self"][0] == {"function": "nanosleep (@native)", "samples": 990, "pct": round(100 * 990 / s["samples"], 2)}
     assert s["top_self"][1]["function"] == "_connection_worker_thread (aiosqlite/core.py)"
@@ -90,6 +90,7 @@ def test_summary_counts_threads_categories_and_self_time():
 
 def test_normalised_stacks_drop_thread_ids_and_long_paths():
     norm = pp.normalise(pp.read_collapsed(SAMPLE))
+    assert pp.summarise(pp.read_collapsed(norm)) == pp.summarise(pp.read_collapsed(SAMPLE))  # re-readable
     assert "/site-packages/" not in norm and "thread (3943)" not in norm
     assert "thread: aiosqlite;Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);" \
            "_connection_worker_thread (aiosqlite/core.py:63) 918\n" in norm
@@ -97,9 +98,9 @@ def test_normalised_stacks_drop_thread_ids_and_long_paths():
 
 
 def test_cpu_ms_by_category_uses_main_thread_shares():
-    s = {"categories_by_thread": {"main": {"a": {"pct": 75.0}, "b": {"pct": 25.0}}}}
+    s = {"categories_by_thread": {"main": {"a": {"pct": 60.0}, "b": {"pct": 20.0}, pp.EPOLL: {"pct": 20.0}}}}
     t = pp.ms_table(s, {"cpu_ms_per_response_main": 4.0, "cpu_ms_per_response_other_threads": 0.5})
-    assert t["a"] == 3.0 and t["b"] == 1.0 and t["(aiosqlite worker + other threads: their measured CPU)"] == 0.5
+    assert t["a"] == 3.0 and t["b"] == 1.0 and t[pp.EPOLL] == 0.0 and t["(aiosqlite worker + other threads: their measured CPU)"] == 0.5
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
