@@ -16,6 +16,9 @@ Variants (``--variants``):
   sqlite-shm  the same SQLite file on /dev/shm (tmpfs): explorer.db_url = sqlite:////dev/shm/...
   sqlite-wal  the SQLite file on disk with `PRAGMA journal_mode=WAL; synchronous=NORMAL` set on every
               new connection (an SQLAlchemy "connect" event: what a named rftstack patch would do)
+  sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
+              max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
+              overflow connection (with its aiosqlite thread) is opened and closed per response
 Add ``+quiet`` to a variant (e.g. ``sqlite+quiet``) to run uvicorn without its per-request access
 log (Trinity's `serve_http` keeps uvicorn's default, access log on).
 
@@ -41,9 +44,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import loadgen  # noqa: E402
+import loadgen
 
-VARIANTS = ("hop", "memory", "sqlite", "sqlite-shm", "sqlite-wal")
+VARIANTS = ("hop", "memory", "sqlite", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
 
 
 def free_port() -> int:
@@ -55,7 +58,6 @@ def free_port() -> int:
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process)."""
     import uvicorn
-
     from trinity.explorer.proxy import app as proxy_app
     from trinity.explorer.proxy.recorder import HistoryRecorder, MemoryHistoryRecorder
     from trinity.explorer.proxy.service import ExplorerService
@@ -69,7 +71,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
             self.total_experience_count = 0
             if base == "memory":
                 self.recorder = MemoryHistoryRecorder()
-            elif base in ("sqlite", "sqlite-shm", "sqlite-wal"):
+            elif base in ("sqlite", "sqlite-shm", "sqlite-wal", "sqlite-pool1"):
                 root = "/dev/shm" if base == "sqlite-shm" else workdir
                 fd, path = tempfile.mkstemp(prefix="proxy_history-", suffix=".db", dir=root)
                 os.close(fd)
@@ -96,6 +98,16 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
+
+    if base == "sqlite-pool1":
+        from trinity.buffer.schema import sql_schema
+
+        create = sql_schema.create_async_engine
+
+        def _one_connection(url, **kw):
+            return create(url, **{**kw, "pool_size": 1, "max_overflow": 0})
+
+        sql_schema.create_async_engine = _one_connection
 
     service = ServiceStandIn()
     proxy_app.app.state.service = service
@@ -133,7 +145,7 @@ def wait_http(url: str, proc: subprocess.Popen, limit_s: float) -> None:
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
-    f = open(log, "w")
+    f = open(log, "w")  # noqa: SIM115 (the child keeps it)
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
