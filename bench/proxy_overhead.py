@@ -150,6 +150,28 @@ def start(argv: list[str], log: Path) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def start_double(logs: Path, delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """The TEST DOUBLE upstream (openai_double.py) and the URL it prints once it listens."""
+    log = logs / "double.log"
+    double = start([sys.executable, str(HERE / "openai_double.py"), "--delay-s", str(delay_s)], log)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        for line in log.read_text().splitlines():
+            if line.startswith("URL "):
+                return double, line.split()[1]
+        time.sleep(0.1)
+    stop(double)
+    raise RuntimeError("the test double did not start")
+
+
+def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple[subprocess.Popen, int]:
+    """Trinity's proxy (this script's --serve-proxy child) for ``variant``, and its port."""
+    port = free_port()
+    proxy = start([sys.executable, str(Path(__file__).resolve()), "--serve-proxy", "--upstream", upstream, "--port", str(port),
+                   "--variant", variant, "--workdir", str(workdir)], logs / f"proxy-{variant}.log")
+    return proxy, port
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
@@ -200,22 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(loadgen.run(url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, label=label,
                                        warmup=8, level_timeout_s=120, progress=lambda m: print(m, flush=True)))
 
-    double = start([sys.executable, str(HERE / "openai_double.py"), "--delay-s", str(args.upstream_delay_s)], logs / "double.log")
+    double, url = start_double(logs, args.upstream_delay_s)
     try:
-        end = time.monotonic() + 30
-        url = None
-        while url is None and time.monotonic() < end:
-            for line in (logs / "double.log").read_text().splitlines():
-                if line.startswith("URL "):
-                    url = line.split()[1]
-            time.sleep(0.1)
-        if url is None:
-            raise RuntimeError("the test double did not start")
         result["runs"]["direct"] = run_load(url, "direct to the test double")
         for v in variants:
-            port = free_port()
-            proxy = start([sys.executable, __file__, "--serve-proxy", "--upstream", url, "--port", str(port), "--variant", v,
-                           "--workdir", str(work)], logs / f"proxy-{v}.log")
+            proxy, port = start_proxy(url, v, work, logs)
             try:
                 t0 = time.monotonic()
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)

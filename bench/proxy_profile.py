@@ -276,9 +276,7 @@ def resolve_py_spy(spec: str | None) -> list[str] | None:
 
 
 def profile_variant(args, py_spy: list[str], url: str, variant: str, logs: Path, stacks_dir: Path, work: Path) -> dict:
-    port = po.free_port()
-    proxy = po.start([sys.executable, str(HERE / "proxy_overhead.py"), "--serve-proxy", "--upstream", url, "--port", str(port),
-                      "--variant", variant, "--workdir", str(work)], logs / f"proxy-{variant}.log")
+    proxy, port = po.start_proxy(url, variant, work, logs)
     load = None
     try:
         po.wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
@@ -359,17 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                     "categorisation": "one category per sample: first matching frame from the leaf up; generic modules "
                                       "(no rule: asyncio, h11, anyio, threading, ...) are passed over; see RULES in bench/proxy_profile.py",
                     "runs": {}}
-    double = po.start([sys.executable, str(HERE / "openai_double.py")], logs / "double.log")
+    double, url = po.start_double(logs)
     try:
-        end = time.monotonic() + 30
-        url = None
-        while url is None and time.monotonic() < end:
-            for line in (logs / "double.log").read_text().splitlines():
-                if line.startswith("URL "):
-                    url = line.split()[1]
-            time.sleep(0.1)
-        if url is None:
-            raise RuntimeError("the test double did not start")
         for v in variants:
             print(f"profiling {v} at c={args.concurrency} ...", flush=True)
             try:
