@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 # Qwen/Qwen2.5-3B-Instruct config.json, the fields that shape the network (see the module doc).
 QWEN25_3B = {
@@ -107,7 +106,6 @@ def write(outdir: Path, *, device: str = "cuda", seed: int = 0, progress=print, 
     import torch
     from safetensors.torch import save_file
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
     from rftstack.tinymodel import _train_tokenizer
 
     t0 = time.monotonic()
@@ -167,17 +165,9 @@ def ensure(path: Path, **kw) -> dict:
         return json.loads((path / MARKER).read_text())
     if path.exists() and any(path.iterdir()):
         raise SystemExit(f"model_3b: {path} exists but holds no complete bench model; remove it or pick another directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        info = write(tmp, **kw)
-        tmp.chmod(0o755)
-        if path.exists():
-            path.rmdir()
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return info
+    from rftstack.tinymodel import build_dir
+
+    return build_dir(path, lambda tmp: write(tmp, **kw))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from rftstack.errors import UserError
+
+T = TypeVar("T")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -80,17 +83,24 @@ def ensure(path: str | os.PathLike, *, seed: int = 0) -> Path:
         return path
     if path.exists() and any(path.iterdir()):
         raise UserError(f"{path} exists but holds no complete tiny model; remove it or choose another directory")
+    build_dir(path, lambda tmp: write(tmp, seed=seed))
+    return path
+
+
+def build_dir(path: Path, build: Callable[[Path], T]) -> T:
+    """Run ``build`` on a temporary sibling of ``path`` (absent or empty), then rename it to
+    ``path``: a reader never sees a half-written model. Returns what ``build`` returned."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        write(tmp, seed=seed)
+        result = build(tmp)
         tmp.chmod(0o755)
         if path.exists():
             path.rmdir()
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return result
 
 
 def configure(parser):
