@@ -206,6 +206,12 @@ def context(paths=None) -> dict:
     }
 
 
+def _some(violations: list, n: int = 3) -> str:
+    """The first ``n`` violations as sentences, and how many more there are."""
+    more = f"; and {len(violations) - n} more" if len(violations) > n else ""
+    return "; ".join(v.sentence() for v in violations[:n]) + more
+
+
 def check(dists: list[Dist], policy, *, bundle: dict | None = None, locked: set[str] | None = None, importers=None) -> list[Finding]:
     """Findings for ``dists``. ``bundle``: the bundle installer's record; ``locked``: canonical names
     of the locked stack (None: everything counts as locked); ``importers(dist)``: serve-path files
@@ -241,7 +247,7 @@ def check(dists: list[Dist], policy, *, bundle: dict | None = None, locked: set[
             {"violations": [dataclasses.asdict(v) for v in by_bundle], "record": bundle.get("path")},
         ))
     if outside:
-        shown = "; ".join(v.sentence() for v in outside[:3]) + (f"; and {len(outside) - 3} more" if len(outside) > 3 else "")
+        shown = _some(outside)
         out.append(Finding(
             "pyenv.outside-lock", WARN,
             f"{len(outside)} requirement(s) of distributions outside the locked stack are not met, and the serve path does not import them: {shown}.",
@@ -263,7 +269,7 @@ def check(dists: list[Dist], policy, *, bundle: dict | None = None, locked: set[
             {"adds": [a.requirement for a in adds]},
         ))
     if other:
-        shown = "; ".join(v.sentence() for v in other[:3]) + (f"; and {len(other) - 3} more" if len(other) > 3 else "")
+        shown = _some(other)
         out.append(Finding(
             "pyenv.requirements", FAIL,
             f"{len(other)} installed requirement(s) are not met: {shown}.",
