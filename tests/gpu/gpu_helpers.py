@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 import urllib.request
 
 
@@ -20,6 +21,15 @@ def gpu_memory_used_mib() -> int:
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, check=True)
     return sum(int(x) for x in out.stdout.split())
+
+
+def memory_back_after(baseline_mib: int, limit_s: float, slack_mib: int = 512) -> float | None:
+    """Seconds until the GPU's used memory is back within ``slack_mib`` of ``baseline_mib``
+    (checked once a second for ``limit_s``, then once more); None if it never was."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s and gpu_memory_used_mib() > baseline_mib + slack_mib:
+        time.sleep(1)
+    return time.monotonic() - t0 if gpu_memory_used_mib() <= baseline_mib + slack_mib else None
 
 
 def gpu_pids() -> set[int]:

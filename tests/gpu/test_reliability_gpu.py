@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ServeRun, rftstack_env
-from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, post
+from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -63,11 +63,9 @@ def assert_all_stopped(run: ServeRun, tags: list[str], baseline_mib: int) -> flo
     from rftstack import supervisor
 
     assert all(supervisor.tagged(tag) == [] for tag in tags)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 60 and gpu_memory_used_mib() > baseline_mib + 512:
-        time.sleep(1)
-    assert gpu_memory_used_mib() <= baseline_mib + 512
-    return time.monotonic() - t0
+    freed_after = memory_back_after(baseline_mib, 60)
+    assert freed_after is not None
+    return freed_after
 
 
 def experience_rows(db: str) -> list[tuple[str, float]]:

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from conftest import ServeRun, rftstack_env
-from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, post
+from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -253,11 +253,7 @@ def test_sigint_stops_everything_and_frees_the_gpu(served):
     assert served.run.finish(timeout=300) == 0, served.run.stderr_text()[-5000:]
     assert all(supervisor.tagged(tag) == [] for tag in tags)
     assert not (gpu_pids() & ours)
-    for _ in range(30):
-        if gpu_memory_used_mib() <= served.baseline_mib + 512:
-            break
-        time.sleep(1)
-    assert gpu_memory_used_mib() <= served.baseline_mib + 512
+    assert memory_back_after(served.baseline_mib, 30) is not None
     status = json.loads((served.run.run_dir / "status.json").read_text())
     assert status["phase"] == "stopped"
     # the committed experiences survive the stop

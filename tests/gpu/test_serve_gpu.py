@@ -11,7 +11,6 @@ outside loopback, SIGINT stops everything, no process left, GPU memory back.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import sqlite3
@@ -22,7 +21,7 @@ import pytest
 from rftstack import netstat, supervisor
 
 from conftest import ServeRun, rftstack_env
-from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, post
+from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -35,8 +34,6 @@ if not has_gpu():
 def test_embedded_default_end_to_end(tmp_path):
     cache = tmp_path / "cache"
     args = ["--num-gpus", "1"]
-    if importlib.util.find_spec("rftstack.doctor") is None:
-        args.append("--skip-doctor")
     baseline = gpu_memory_used_mib()
     env = rftstack_env(XDG_CACHE_HOME=str(cache))
     run = ServeRun(args, env, tmp_path, tmp_path / "run")  # python -m rftstack serve --json --run-dir ...
@@ -86,11 +83,7 @@ def test_embedded_default_end_to_end(tmp_path):
         for tag in tags:
             assert supervisor.tagged(tag) == []
         assert not (gpu_pids() & ours)
-        for _ in range(30):
-            if gpu_memory_used_mib() <= baseline + 512:
-                break
-            time.sleep(1)
-        assert gpu_memory_used_mib() <= baseline + 512
+        assert memory_back_after(baseline, 30) is not None
         assert json.loads((tmp_path / "run" / "status.json").read_text())["phase"] == "stopped"
     finally:
         if proc.poll() is None:
