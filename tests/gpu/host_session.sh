@@ -14,6 +14,9 @@
 #   qwen3b     the same on the Qwen2.5-3B-shaped model (7)
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run (7)
 #   default    tests/gpu/test_serve_gpu.py          the embedded default (6)
+#   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
+#              the start-up's silent intervals (the unlogged gap after "init engine", 7)
+#   gap-trinity  the same on `rftstack serve` (Ray workers inherit the sampler through the head)
 # Needs: the locked stack installed for python3 (rftstack bundle install), no network.
 set -u
 cd "$(dirname "$0")/../.."
@@ -52,6 +55,12 @@ for step in "${steps[@]}"; do
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
+        gap) wait; python3 bench/silent_gap.py --out "$LOGS/gap" --ready-url http://127.0.0.1:8123/v1/models --timeout 400 \
+                 -- vllm serve /tmp/bench/tiny --host 127.0.0.1 --port 8123 --gpu-memory-utilization 0.6 ;;
+        gap-trinity) wait; python3 -m rftstack example-config /tmp/bench/tiny -o /tmp/gap-trinity.yaml
+                 python3 bench/silent_gap.py --out "$LOGS/gap-trinity" --ready-url http://127.0.0.1:8124/v1/models --timeout 500 \
+                 -- python3 -m rftstack serve -c /tmp/gap-trinity.yaml --port 8124 --run-dir /tmp/gap-trinity-run \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--skip-doctor} ;;
         *) note "unknown step $step"; continue ;;
     esac > "$LOGS/$step.log" 2>&1
     note "end $step rc=$? $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""What runs while a server's start-up log is silent? Stack samples of every Python process.
+
+Usage:
+    python bench/silent_gap.py --out DIR --ready-url URL [--timeout S] [--min-gap S] -- CMD [ARG...]
+
+Runs CMD (its own process group) with bench/stack_sampler on PYTHONPATH, so every Python process
+it starts samples its main thread's stack every 0.5 s into DIR/stacks/<pid>.jsonl; stamps each line
+CMD prints with the wall clock (DIR/log.txt); polls URL until it answers 200 (the server is ready),
+then stops the group (SIGINT, SIGKILL after 30 s). Nothing is left running.
+
+Then, for each silent interval of the start-up log longer than --min-gap (default 5 s; between
+consecutive output lines, before ready), it reports per process the stacks sampled in it,
+collapsed to their innermost frames (import machinery left out, so an import shows as the
+imported module's `<module>` line) and counted: DIR/gaps.json, and a
+summary on stdout. Used on the GPU host for the unlogged gap after vLLM's "init engine ... took"
+line (docs/benchmarks.md, section 2); runs anywhere (tests/test_bench_silent_gap.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+LIBDIR = re.compile(r".*/(?:site|dist)-packages/|.*/lib/python3\.\d+/")
+SAMPLER = Path(__file__).resolve().parent / "stack_sampler"
+
+
+def run(cmd: list[str], out: Path, ready_url: str, timeout: float) -> dict:
+    """Start CMD with the sampler, stamp its output, wait for READY_URL, stop it; the run's facts."""
+    stacks = out / "stacks"
+    stacks.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, RFTSTACK_STACK_SAMPLES=str(stacks), PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SAMPLER), env.get("PYTHONPATH", "")) if p)
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    lines: list[tuple[float, str]] = []
+
+    def pump() -> None:
+        with open(out / "log.txt", "w") as log:
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                now = time.time()
+                lines.append((now, line))
+                log.write(f"{now:.3f} {line}\n")
+                log.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    ready_t = None
+    try:
+        while time.time() - t0 < timeout and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(ready_url, timeout=2) as r:
+                    if r.status == 200:
+                        ready_t = time.time()
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+    finally:
+        stop(proc)
+        reader.join(timeout=10)
+    return {"cmd": cmd, "start": t0, "ready": ready_t, "ready_s": None if ready_t is None else round(ready_t - t0, 1),
+            "exit": proc.returncode, "lines": lines}
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGINT to the whole group, SIGKILL after 30 s; returns when no member is left."""
+    for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            proc.poll()  # reap the leader, or the group looks alive for ever
+            if not group_alive(proc.pid):
+                return
+            time.sleep(0.2)
+    proc.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def silent_gaps(lines: list[tuple[float, str]], start: float, end: float | None, min_gap: float) -> list[tuple[float, float]]:
+    """Intervals longer than MIN_GAP with no output line, from START to END (ready, else the last line)."""
+    stamps = [start] + [t for t, _ in lines if end is None or t <= end]
+    if end is not None:
+        stamps.append(end)
+    return [(a, b) for a, b in zip(stamps, stamps[1:]) if b - a > min_gap]
+
+
+def short(frame: str) -> str:
+    """'…/site-packages/vllm/v1/engine/core.py:132 __init__' -> 'vllm/v1/engine/core.py:132 __init__'."""
+    path, _, rest = frame.partition(":")
+    return f"{LIBDIR.sub('', path)}:{rest}"
+
+
+def load_samples(stacks: Path) -> dict[int, list[dict]]:
+    samples = {}
+    for f in sorted(stacks.glob("*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        title = ""
+        for row in rows:
+            title = row["title"] = row.get("title", title)
+        samples[int(f.stem)] = rows
+    return samples
+
+
+def in_gap(samples: dict[int, list[dict]], gap: tuple[float, float], depth: int) -> list[dict]:
+    """Per process with samples in GAP: its title and its stacks (innermost DEPTH frames) counted."""
+    a, b = gap
+    found = []
+    for pid, rows in samples.items():
+        window = [r for r in rows if a <= r["t"] <= b and r["stack"]]
+        if not window:
+            continue
+        counts = collections.Counter(
+            " <- ".join([short(f) for f in r["stack"][::-1] if not f.startswith("<frozen ")][:depth]) for r in window)
+        found.append({"pid": pid, "title": window[-1]["title"], "samples": len(window),
+                      "top": [{"n": n, "stack": s} for s, n in counts.most_common(8)]})
+    return sorted(found, key=lambda p: -p["samples"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--ready-url", required=True)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--min-gap", type=float, default=5.0)
+    ap.add_argument("--depth", type=int, default=6, help="innermost frames kept per stack (default 6)")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        ap.error("no command given: put it after --, e.g. -- vllm serve MODEL")
+    args.out.mkdir(parents=True, exist_ok=True)
+    r = run(cmd, args.out, args.ready_url, args.timeout)
+    samples = load_samples(args.out / "stacks")
+    gaps = []
+    for a, b in silent_gaps(r["lines"], r["start"], r["ready"], args.min_gap):
+        before = next((line for t, line in reversed(r["lines"]) if t <= a), "(start)")
+        after = next((line for t, line in r["lines"] if t >= b), "(ready)" if r["ready"] else "(end)")
+        gaps.append({"from_s": round(a - r["start"], 1), "seconds": round(b - a, 1), "after_line": before[-300:],
+                     "before_line": after[-300:], "processes": in_gap(samples, (a, b), args.depth)})
+    result = {k: v for k, v in r.items() if k != "lines"} | {"processes_sampled": len(samples), "gaps": gaps}
+    (args.out / "gaps.json").write_text(json.dumps(result, indent=1))
+    print(f"ready after {r['ready_s']} s; {len(samples)} Python processes sampled; {len(gaps)} silent gaps over {args.min_gap} s")
+    for g in gaps:
+        print(f"\n+{g['from_s']} s: {g['seconds']} s silent after: {g['after_line'][-160:]}")
+        for p in g["processes"][:4]:
+            print(f"  pid {p['pid']} ({p['title'][:60]}), {p['samples']} samples:")
+            for t in p["top"][:3]:
+                print(f"    {t['n']:4d}  {t['stack'][:400]}")
+    return 0 if r["ready"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
