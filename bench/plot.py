@@ -81,6 +81,7 @@ class Figure:
     ylabel: str = ""
     lines: list[tuple[list, list, dict]] = field(default_factory=list)  # xs, ys, Axes.plot keywords
     bars: list[tuple[str, float]] = field(default_factory=list)  # horizontal bars: label, value
+    bar_colors: list[str] | None = None  # one per bar (default: cycling C0-C2)
     hlines: list[tuple[float, dict]] = field(default_factory=list)  # y, Axes.axhline keywords
     xlog: bool = False
     ylog: bool | None = None  # None: leave the y scale alone (the bars' axis is categorical)
@@ -103,7 +104,7 @@ def draw(f: Figure) -> Path:
     for xs, ys, style in f.lines:
         ax.plot(xs, ys, **style)
     if f.bars:
-        ax.barh([b[0] for b in f.bars], [b[1] for b in f.bars], color=[f"C{i % 3}" for i in range(len(f.bars))])
+        ax.barh([b[0] for b in f.bars], [b[1] for b in f.bars], color=f.bar_colors or [f"C{i % 3}" for i in range(len(f.bars))])
         for i, (_, v) in enumerate(f.bars):
             ax.text(v, i, f" {v:.0f} s", va="center", fontsize=8)
         ax.invert_yaxis()
@@ -164,16 +165,17 @@ def plot_curves(curves: list[tuple[str, dict]], title: str, note: str, out_prefi
 
 def plot_ready(results: list[dict], note: str, path: Path) -> Path | None:
     names = (("bare", "bare vllm serve"), ("trinity", "rftstack serve"), ("manual", "ray start + trinity run"))
-    rows = []
+    rows, colors = [], []
     for res in results:
-        for key, label in names:
+        for i, (key, label) in enumerate(names):  # one colour per path, whatever the model
             r = res.get("phases", {}).get(key, {}).get("ready", {})
             if r.get("ready"):
                 rows.append((f"{res['label']}: {label}", r.get("first_answer_incl_ray_start_s", r["first_answer_s"])))
+                colors.append(f"C{i}")
     if not rows:
         return None
     return draw(Figure(path, title="Time to ready", xlabel="seconds from start to the first answered chat completion",
-                       bars=rows, legend=None, grid=False, height=0.5 * len(rows) + 1.6, bottom=0.08, note=note))
+                       bars=rows, bar_colors=colors, legend=None, grid=False, height=0.5 * len(rows) + 1.6, bottom=0.08, note=note))
 
 
 def _read(f: str, what: str) -> dict | None:

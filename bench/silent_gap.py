@@ -3,6 +3,7 @@
 
 Usage:
     python bench/silent_gap.py --out DIR --ready-url URL [--timeout S] [--min-gap S] -- CMD [ARG...]
+    python bench/silent_gap.py --analyze DIR --time-in REGEX [--time-in REGEX ...]
 
 Runs CMD (its own process group) with bench/stack_sampler on PYTHONPATH, so every Python process
 it starts samples its main thread's stack every 0.5 s into DIR/stacks/<pid>.jsonl; stamps each line
@@ -15,6 +16,14 @@ collapsed to their innermost frames (import machinery left out, so an import sho
 imported module's `<module>` line) and counted: DIR/gaps.json, and a
 summary on stdout. Used on the GPU host for the unlogged gap after vLLM's "init engine ... took"
 line (docs/benchmarks.md, section 2); runs anywhere (tests/test_bench_silent_gap.py).
+
+--analyze DIR reads an earlier run's DIR/stacks without running anything: for each --time-in
+REGEX (matched against each sampled frame, e.g. 'block_pool.py:\\d+ __init__'), the wall time each
+process spent with such a frame on its main thread's stack: from the sample before the first
+match to the first sample without it, per run of matching samples (+-1 interval at each end;
+samples x interval is also given, and undercounts while a loop holds the GIL).
+That answers "how long did X take" where X logs nothing, for runs whose own log is too coarse to
+show the gap (rftstack serve's 10 s progress lines).
 """
 
 from __future__ import annotations
@@ -139,15 +148,62 @@ def in_gap(samples: dict[int, list[dict]], gap: tuple[float, float], depth: int)
     return sorted(found, key=lambda p: -p["samples"])
 
 
+def time_in(samples: dict[int, list[dict]], pattern: str) -> list[dict]:
+    """Per process: seconds with a frame matching PATTERN on the stack (samples x median interval)."""
+    rx = re.compile(pattern)
+    found = []
+    for pid, rows in samples.items():
+        hits = [r for r in rows if any(rx.search(f) for f in r["stack"])]
+        if not hits:
+            continue
+        steps = sorted(b["t"] - a["t"] for a, b in zip(rows, rows[1:]))
+        interval = steps[len(steps) // 2] if steps else 0.5
+        # wall time of each run of consecutive matching samples (the sampler thread needs the GIL, so
+        # under a GIL-holding loop samples come late and samples x interval undercounts)
+        span, run_start, prev = 0.0, None, None
+        for r in rows:
+            hit = any(rx.search(f) for f in r["stack"])
+            if hit and run_start is None:
+                run_start = prev["t"] if prev else r["t"]
+            if not hit and run_start is not None:
+                span, run_start = span + (r["t"] - run_start), None
+            prev = r
+        if run_start is not None:
+            span += rows[-1]["t"] - run_start
+        found.append({"pid": pid, "title": hits[-1]["title"], "samples": len(hits), "seconds": round(len(hits) * interval, 1),
+                      "wall_s": round(span, 1), "first_t": hits[0]["t"], "last_t": hits[-1]["t"]})
+    return sorted(found, key=lambda p: -p["seconds"])
+
+
+def analyze(out: Path, patterns: list[str]) -> int:
+    samples = load_samples(out / "stacks")
+    if not samples:
+        print(f"silent_gap: no stack samples under {out / 'stacks'}; give the --out directory of an earlier run", file=sys.stderr)
+        return 2
+    result = {p: time_in(samples, p) for p in patterns}
+    (out / "time-in.json").write_text(json.dumps(result, indent=1))
+    for p, procs in result.items():
+        print(f"{p!r}: " + ("; ".join(f"pid {q['pid']} ({q['title'][:40]}) {q['wall_s']} s wall, {q['samples']} samples" for q in procs) or "not sampled"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--ready-url", required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--ready-url")
+    ap.add_argument("--analyze", type=Path, metavar="DIR", help="only analyse an earlier run's DIR/stacks (see --time-in)")
+    ap.add_argument("--time-in", action="append", default=[], metavar="REGEX", help="with --analyze: seconds per process with a matching frame")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--min-gap", type=float, default=5.0)
     ap.add_argument("--depth", type=int, default=6, help="innermost frames kept per stack (default 6)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
+    if args.analyze:
+        if not args.time_in:
+            ap.error("--analyze needs at least one --time-in REGEX, e.g. --time-in 'block_pool.py:\\d+ __init__'")
+        return analyze(args.analyze, args.time_in)
+    if not (args.out and args.ready_url):
+        ap.error("--out and --ready-url are needed to run a command (or use --analyze DIR)")
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         ap.error("no command given: put it after --, e.g. -- vllm serve MODEL")

@@ -79,6 +79,12 @@ def test_finds_the_silent_step_and_what_ran_in_it(tmp_path):
     # the server itself sat in Process.join during that time
     assert any("join" in t["stack"] for p in gap["processes"] if p["pid"] != child["pid"] for t in p["top"])
     assert "quiet_setup" in r.stdout
+    # the same samples, read again: how long the child spent in quiet_setup
+    a = subprocess.run([sys.executable, str(SCRIPT), "--analyze", str(out), "--time-in", r"srv\.py:\d+ quiet_setup|server\.py:\d+ quiet_setup"],
+                       capture_output=True, text=True, timeout=60)
+    assert a.returncode == 0, a.stderr
+    [(pattern, [proc])] = json.loads((out / "time-in.json").read_text()).items()
+    assert proc["pid"] == child["pid"] and 2.0 <= proc["wall_s"] <= 4.5, proc  # 3 s, +-1 interval (0.5 s) at each end
     # nothing left running: the server's group is gone
     time.sleep(0.5)
     pids = [int(f.stem) for f in (out / "stacks").glob("*.jsonl")]
@@ -95,6 +101,12 @@ def test_no_command_is_one_sentence(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--ready-url", "http://127.0.0.1:9/"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "no command given: put it after --" in r.stderr
+
+
+def test_analyze_without_samples_is_one_sentence(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), "--analyze", str(tmp_path), "--time-in", "x"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"silent_gap: no stack samples under {tmp_path / 'stacks'}; give the --out directory of an earlier run")
 
 
 def test_sampler_is_inert_without_its_variable(tmp_path):
