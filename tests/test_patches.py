@@ -158,6 +158,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         f"torch-tcpstore-loopback.patch: {REL}: applied",
+        "trinity-proxy-store-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-stream-record.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",

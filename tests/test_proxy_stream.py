@@ -139,11 +139,13 @@ def original_site(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def patched_site(tmp_path_factory) -> Path:
-    """The same copy with the policy's stream-record patch applied by patches.apply."""
+    """The same copy with the policy's stream-record patch applied by patches.apply, after the
+    store-errors patch it builds on (the policy's order)."""
     site = _trinity_copy(tmp_path_factory, "site")
-    (p,) = [p for p in policy.load().patches if p.file == "trinity-proxy-stream-record.patch"]
-    assert patches.apply(site, patches.patches_dir() / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version) == [
-        ("trinity/explorer/proxy/app.py", "applied")]
+    for name in ("trinity-proxy-store-errors.patch", "trinity-proxy-stream-record.patch"):
+        (p,) = [p for p in policy.load().patches if p.file == name]
+        assert patches.apply(site, patches.patches_dir() / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version) == [
+            ("trinity/explorer/proxy/app.py", "applied")]
     return site
 
 

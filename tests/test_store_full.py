@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
+import json
 import os
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,9 @@ httpx = pytest.importorskip("httpx")
 from fastapi import FastAPI  # noqa: E402
 
 from test_proxy_bad_requests import Service, load_app  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "doubles"))
+from vllm_stream_double import VLLMStreamDouble  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -97,13 +102,21 @@ def test_full_store_refuses_the_response_and_keeps_what_was_recorded(tmp_path, f
             statuses = []
             for _ in range(40):
                 r = await c.post("/v1/chat/completions", json=chat)
-                statuses.append((r.status_code, r.text[:200]))
+                statuses.append((r.status_code, r.text))
                 if r.status_code != 200:
                     break
             out["full"] = statuses
             out["rows_full"] = rows(db)
             r = await c.post("/feedback", json={"msg_ids": [out["rows_before"][0][0]], "reward": 1.0})
-            out["feedback_full"] = (r.status_code, r.text[:300])
+            out["feedback_full"] = (r.status_code, r.json())
+            # a streamed request on the full disk: vLLM's stream (TEST DOUBLE) goes out, recording fails
+            plain_upstream = app.state.http_client
+            app.state.http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=VLLMStreamDouble().app))
+            async with c.stream("POST", "/v1/chat/completions", json=dict(chat, max_tokens=4, stream=True)) as r:
+                out["stream_full"] = (r.status_code, (await r.aread()).decode())
+            await app.state.http_client.aclose()
+            app.state.http_client = plain_upstream
+            out["rows_after_stream"] = rows(db)
             os.remove(filler)
             r = await c.post("/v1/chat/completions", json=chat)
             out["after"] = r.status_code
@@ -113,10 +126,26 @@ def test_full_store_refuses_the_response_and_keeps_what_was_recorded(tmp_path, f
 
     out = asyncio.run(scenario())
     assert out["before"] == [200, 200, 200] and len(out["rows_before"]) == 3
-    # with the disk full the proxy answers an error and returns no unrecorded generation
+    # with the disk full the proxy answers one sentence (rftstack's store-errors patch; Trinity's own
+    # answer was a bare 500 "Internal Server Error") and returns no unrecorded generation
+    def sentence(lost: str) -> str:
+        return (f"the experience store is full (database or disk is full: sqlite:///{db}), so {lost}; "
+                "free space on that disk or point explorer.db_url elsewhere, then retry")
+
+    def error(lost: str) -> dict:
+        return {"error": {"message": sentence(lost), "type": "experience_store", "code": 507}}
+
+    response_lost = "this response was not recorded and is not returned"
     last_status, last_text = out["full"][-1]
-    assert last_status == 500 and last_text == "Internal Server Error", out["full"]  # Trinity's answer, as it is
-    assert out["feedback_full"] == (500, "Internal Server Error")
+    assert last_status == 507 and json.loads(last_text) == error(response_lost), out["full"]
+    assert out["feedback_full"] == (507, error("this reward was not recorded"))
+    # the stream: the tokens went out, but it ends with the error event, not [DONE], and left no row
+    status, text = out["stream_full"]
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert status == 200 and "data: [DONE]" not in events, events[-3:]
+    assert json.loads(events[-1][len("data: "):]) == error(response_lost)
+    assert any('"token_ids"' in e for e in events[:-1])  # vLLM's chunks were forwarded before the failure
+    assert out["rows_after_stream"] == out["rows_full"]
     assert all(s == 200 for s, _ in out["full"][:-1])  # those fitted in SQLite's free pages
     recorded_while_filling = len(out["rows_full"]) - 3
     assert recorded_while_filling == len(out["full"]) - 1  # every 200 was recorded, the 500 was not
@@ -127,4 +156,4 @@ def test_full_store_refuses_the_response_and_keeps_what_was_recorded(tmp_path, f
     assert set(out["rows_full"]) <= set(out["rows_after"])
     assert out["after"] == 200 and len(out["rows_after"]) == len(out["rows_full"]) + 1
     print(f"disk full: {len(out['full']) - 1} more response(s) fitted, then {last_status} {last_text!r}; "
-          f"/feedback on the full disk: {out['feedback_full']}")
+          f"/feedback on the full disk: {out['feedback_full']}; stream ended with {events[-1]!r}")
