@@ -199,6 +199,21 @@ def test_a_refused_batch_answers_500_to_all_its_requests_and_the_next_ones_work(
     assert sorted(rows(db)) == sorted(rid for _, rid, _ in after)
 
 
+@pytest.mark.parametrize("group,says", [(None, "group commit (RFTSTACK_RECORDER_GROUP_COMMIT=1"), ("0", "one transaction per call (RFTSTACK_RECORDER_GROUP_COMMIT=0")])
+def test_the_log_says_which_write_path(recorder_mod, tmp_path, monkeypatch, caplog, group, says):
+    """So a serve run's trinity.log shows whether the variable reached the Explorer actor."""
+    import logging
+
+    rec = new_recorder(recorder_mod, tmp_path / "x.db", monkeypatch, group)
+    rec.logger.addHandler(caplog.handler)  # Trinity's loggers do not propagate to the root
+    try:
+        with caplog.at_level(logging.INFO):
+            asyncio.run(rec.prepare())
+    finally:
+        rec.logger.removeHandler(caplog.handler)
+    assert any(f"Recorder writes: {says}" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_bad_value_is_one_sentence(recorder_mod, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"RFTSTACK_RECORDER_GROUP_COMMIT must be 1 .* or 0 .*, not 'yes'"):
         new_recorder(recorder_mod, tmp_path / "x.db", monkeypatch, "yes")
