@@ -12,24 +12,33 @@ next to real generation.
 Variants (``--variants``):
   hop         forwarding only: record_experience is not called
   memory      Trinity's MemoryHistoryRecorder (in-process dict)
-  sqlite      Trinity's default: HistoryRecorder, SQLite file on disk (one insert per response)
+  sqlite      Trinity's default: HistoryRecorder, SQLite file on disk (one transaction per response)
+  sqlite-group the same with rftstack's group-commit patch of the recorder on
+              (patches/trinity-recorder-group-commit.patch, RFTSTACK_RECORDER_GROUP_COMMIT=1: concurrent
+              responses share one transaction); needs the patch installed (`rftstack relax`)
   sqlite-shm  the same SQLite file on /dev/shm (tmpfs): explorer.db_url = sqlite:////dev/shm/...
   sqlite-wal  the SQLite file on disk with `PRAGMA journal_mode=WAL; synchronous=NORMAL` set on every
               new connection (an SQLAlchemy "connect" event: what a named rftstack patch would do)
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
+Every sqlite variant but sqlite-group runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write
+path whether or not the patch is installed, so one run compares both side by side.
 Add ``+quiet`` to a variant (e.g. ``sqlite+quiet``) to run uvicorn without its per-request access
 log (Trinity's `serve_http` keeps uvicorn's default, access log on).
 
     python bench/proxy_overhead.py --out bench/results/proxy-cpu.json \\
         [--variants hop,memory,sqlite,sqlite-shm,sqlite-wal,sqlite+quiet] [--concurrency 1,8,32,64] [--requests 400]
+
+Per variant it also reports the proxy process's CPU time (all threads, from /proc) per response,
+over all levels and their warm-up requests.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -46,7 +55,26 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loadgen
 
-VARIANTS = ("hop", "memory", "sqlite", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
+VARIANTS = ("hop", "memory", "sqlite", "sqlite-group", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
+GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
+WARMUP = 8  # unmeasured requests before each level
+
+
+def group_commit_setting(variant: str) -> str | None:
+    """The value of RFTSTACK_RECORDER_GROUP_COMMIT a variant's proxy runs with (None: no SQLite recorder)."""
+    base = variant.partition("+")[0]
+    if not base.startswith("sqlite"):
+        return None
+    return "1" if base == "sqlite-group" else "0"
+
+
+def group_commit_installed() -> bool:
+    """Whether the installed Trinity's recorder carries the group-commit patch (read, not imported)."""
+    spec = importlib.util.find_spec("trinity")
+    if spec is None or not spec.origin:
+        return False
+    recorder = Path(spec.origin).parent / "explorer" / "proxy" / "recorder.py"
+    return recorder.is_file() and GROUP_COMMIT_VAR in recorder.read_text()
 
 
 def free_port() -> int:
@@ -63,6 +91,8 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     from trinity.explorer.proxy.service import ExplorerService
 
     base, _, flag = variant.partition("+")
+    if group_commit_setting(variant) is not None:
+        os.environ[GROUP_COMMIT_VAR] = group_commit_setting(variant)  # read when HistoryRecorder is made
 
     class ServiceStandIn:
         """What app.py calls on the service; the Explorer (engines on a GPU, Ray) is not here."""
@@ -71,7 +101,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
             self.total_experience_count = 0
             if base == "memory":
                 self.recorder = MemoryHistoryRecorder()
-            elif base in ("sqlite", "sqlite-shm", "sqlite-wal", "sqlite-pool1"):
+            elif base.startswith("sqlite"):
                 root = "/dev/shm" if base == "sqlite-shm" else workdir
                 fd, path = tempfile.mkstemp(prefix="proxy_history-", suffix=".db", dir=root)
                 os.close(fd)
@@ -113,6 +143,8 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     proxy_app.app.state.service = service
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
+    if group_commit_setting(variant) is not None:
+        print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     print(f"READY {port}", flush=True)
     try:
         if flag == "quiet":
@@ -172,6 +204,12 @@ def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple
     return proxy, port
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
@@ -209,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"proxy_overhead: unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)} (optionally +quiet)", file=sys.stderr)
         return 2
+    if any(group_commit_setting(v) == "1" for v in variants) and not group_commit_installed():
+        print("proxy_overhead: variant sqlite-group needs the group-commit patch in the installed Trinity; "
+              "run `rftstack relax` (it applies patches/trinity-recorder-group-commit.patch)", file=sys.stderr)
+        return 2
     levels = loadgen.parse_levels(args.concurrency)
     out = Path(args.out)
     logs = Path(args.logs) if args.logs else out.parent / (out.stem + "-logs")
@@ -220,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_load(url: str, label: str) -> dict:
         return asyncio.run(loadgen.run(url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, label=label,
-                                       warmup=8, level_timeout_s=120, progress=lambda m: print(m, flush=True)))
+                                       warmup=WARMUP, level_timeout_s=120, progress=lambda m: print(m, flush=True)))
 
     double, url = start_double(logs, args.upstream_delay_s)
     try:
@@ -231,13 +273,22 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
                 startup = time.monotonic() - t0
+                cpu0 = process_cpu_s(proxy.pid)
                 r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})")
+                cpu = process_cpu_s(proxy.pid) - cpu0
                 r["proxy_startup_s"] = round(startup, 2)
             finally:
                 stop(proxy)
-            rows = [ln for ln in (logs / f"proxy-{v}.log").read_text().splitlines() if ln.startswith("ROWS ")]
+            answered = sum(lv["ok"] for lv in r["levels"]) + WARMUP * len(r["levels"])
+            r["proxy_cpu_s"] = round(cpu, 3)
+            r["proxy_cpu_ms_per_response"] = round(1000 * cpu / answered, 3) if answered else None
+            log = (logs / f"proxy-{v}.log").read_text().splitlines()
+            rows = [ln for ln in log if ln.startswith("ROWS ")]
             if rows:
                 r["recorded_rows"] = int(rows[-1].split()[1])
+            group = [ln for ln in log if ln.startswith("GROUP_COMMIT ")]
+            if group:
+                r["recorder_group_commit"] = group[-1].split()[1] == "1"
             result["runs"][v] = r
             out.write_text(json.dumps(result, indent=2) + "\n")
     finally:
@@ -252,20 +303,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(result: dict) -> dict:
-    """Per variant and level: req/s and p50 latency, and both relative to going direct."""
+    """Per variant and level: req/s and p50 latency, both relative to going direct, and req/s relative
+    to the forwarding-only proxy (``vs_hop``) and to upstream's recorder (``vs_sqlite``) when those ran."""
     direct = {lv["concurrency"]: lv for lv in result["runs"]["direct"]["levels"]}
+    refs = {ref: {lv["concurrency"]: lv["requests_per_s"] for lv in result["runs"][ref]["levels"]}
+            for ref in ("hop", "sqlite") if ref in result["runs"]}
     out = {}
     for name, run in result["runs"].items():
         rows = {}
         for lv in run["levels"]:
             d = direct.get(lv["concurrency"])
+            ratios = {f"vs_{ref}": round(lv["requests_per_s"] / per[lv["concurrency"]], 3)
+                      for ref, per in refs.items() if name != "direct" and per.get(lv["concurrency"])}
             rows[str(lv["concurrency"])] = {
                 "req_s": lv["requests_per_s"],
                 "p50_ms": round(1000 * lv["latency_s"]["p50"], 2) if lv["latency_s"]["p50"] is not None else None,
                 "vs_direct": round(lv["requests_per_s"] / d["requests_per_s"], 3) if d and d["requests_per_s"] else None,
                 "added_p50_ms": round(1000 * (lv["latency_s"]["p50"] - d["latency_s"]["p50"]), 2) if d and lv["latency_s"]["p50"] else None,
                 "errors": lv["errors"],
+                **ratios,
             }
+        if run.get("proxy_cpu_ms_per_response") is not None:
+            rows["cpu_ms_per_response"] = run["proxy_cpu_ms_per_response"]
         out[name] = rows
     return out
 

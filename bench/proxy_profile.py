@@ -338,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"proxy_profile: unknown variant {(bad or [''])[0]!r}; choose from {', '.join(po.VARIANTS)} (optionally +quiet)",
               file=sys.stderr)
         return 2
+    if any(po.group_commit_setting(v) == "1" for v in variants) and not po.group_commit_installed():
+        print("proxy_profile: variant sqlite-group needs the group-commit patch in the installed Trinity; "
+              "run `rftstack relax` (it applies patches/trinity-recorder-group-commit.patch)", file=sys.stderr)
+        return 2
     if args.concurrency < 1 or args.duration_s < 1 or args.rate < 1 or args.baseline_s <= 0:
         print("proxy_profile: --concurrency, --duration-s, --rate and --baseline-s must be positive", file=sys.stderr)
         return 2

@@ -37,7 +37,8 @@ def site(tmp_path):
     return tmp_path
 
 
-TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py")
+TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py",
+                 "trinity/explorer/proxy/recorder.py")
 
 
 def trinity_patches():
@@ -163,6 +164,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
+        "trinity-recorder-group-commit.patch: trinity/explorer/proxy/recorder.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())

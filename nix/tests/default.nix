@@ -78,7 +78,8 @@ in
       torch = { version = "2.11.0"; files = [ "torch-tcpstore-loopback.patch" ]; };
       trinity-rft = {
         version = "0.6.0";
-        files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch" "trinity-proxy-feedback-errors.patch" ];
+        files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch"
+          "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" ];
       };
     };
   };
