@@ -248,6 +248,34 @@ def test_a_failing_batch_fails_every_caller_in_it_and_the_next_batch_works(recor
     assert commits == 1  # the second batch was one transaction
 
 
+def test_ids_are_checked_before_any_blob_is_written(recorder_mod, tmp_path, monkeypatch):
+    """The batch reads its rows' ids back (the last ones of the table); a row that is not the batch's
+    among them (here: a trigger inserts one in the middle) fails the batch, and nothing is recorded,
+    rather than a blob being stored under another row's id."""
+    db = tmp_path / "h.db"
+    rec = new_recorder(recorder_mod, db, monkeypatch, "1")
+
+    async def scenario():
+        await rec.prepare()
+        con = sqlite3.connect(db)
+        con.execute("create trigger intrude after insert on proxy_history when new.msg_id = 'g1' "
+                    "begin insert into proxy_history (msg_id, consumed) values ('intruder', 0); end")
+        con.commit()
+        first = await asyncio.gather(*(rec.record_history([experience(f"g{i}")]) for i in range(3)), return_exceptions=True)
+        con.execute("drop trigger intrude")
+        con.commit()
+        con.close()
+        return first, await asyncio.gather(*(rec.record_history([experience(f"h{i}")]) for i in range(3)))
+
+    first, second = asyncio.run(scenario())
+    assert all(isinstance(e, RuntimeError) and "not the table's last ones" in str(e) for e in first), first
+    assert second == [None] * 3
+    assert sorted(rows(db)) == ["h0", "h1", "h2"]
+    con = sqlite3.connect(db)
+    assert con.execute("select count(*) from proxy_history").fetchone()[0] == 3  # the failed batch left nothing
+    con.close()
+
+
 def test_variable_0_fails_only_the_refused_call(recorder_mod, tmp_path, monkeypatch):
     """Upstream's behaviour for comparison: each call is its own transaction."""
     db = tmp_path / "h.db"
@@ -262,6 +290,27 @@ def test_variable_0_fails_only_the_refused_call(recorder_mod, tmp_path, monkeypa
     got = asyncio.run(scenario())
     assert got[:3] == [None] * 3 and isinstance(got[3], Exception)
     assert sorted(rows(db)) == ["a0", "a1", "a2"]
+
+
+@pytest.mark.parametrize("spoil", ["unpicklable info (serialize fails)", "info not a dict (the row cannot be made)"])
+def test_an_experience_that_cannot_become_a_row_fails_alone(recorder_mod, tmp_path, monkeypatch, spoil):
+    """Failures before SQLite (serializing, building the row) stay with their own call."""
+    db = tmp_path / "h.db"
+    rec = new_recorder(recorder_mod, db, monkeypatch, "1")
+    bad = experience("bad")
+    if spoil.startswith("unpicklable"):
+        bad.info["callback"] = lambda: None
+    else:
+        bad.info = ["model_version", 0]
+
+    async def scenario():
+        await rec.prepare()
+        return await asyncio.gather(*(rec.record_history([experience(f"g{i}")]) for i in range(3)),
+                                    rec.record_history([bad]), return_exceptions=True)
+
+    got = asyncio.run(scenario())
+    assert got[:3] == [None] * 3 and isinstance(got[3], Exception), got
+    assert sorted(rows(db)) == ["g0", "g1", "g2"]
 
 
 def test_cancelled_callers_neither_lose_nor_block_the_others(recorder_mod, tmp_path, monkeypatch):
