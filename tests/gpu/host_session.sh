@@ -12,6 +12,8 @@
 #   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
 #   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve (7)
 #   qwen3b     the same on the Qwen2.5-3B-shaped model (7)
+#   qwen3b-nogroup  the same with RFTSTACK_RECORDER_GROUP_COMMIT=0 (upstream's recorder write path), for
+#              the group-commit patch's effect on the GPU side by side with `qwen3b` (7)
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run (7)
 #   default    tests/gpu/test_serve_gpu.py          the embedded default (6)
 #   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
@@ -53,6 +55,7 @@ for step in "${steps[@]}"; do
         kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
         tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
+        qwen3b-nogroup) RFTSTACK_RECORDER_GROUP_COMMIT=0 bench --model /tmp/bench/qwen3b --label qwen3b-nogroup --phases bare,trinity --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
         gap) wait; python3 bench/silent_gap.py --out "$LOGS/gap" --ready-url http://127.0.0.1:8123/v1/models --timeout 400 \
