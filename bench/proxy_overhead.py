@@ -53,7 +53,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import loadgen
+import loadgen  # noqa: E402
 
 VARIANTS = ("hop", "memory", "sqlite", "sqlite-group", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
@@ -66,6 +66,17 @@ def group_commit_setting(variant: str) -> str | None:
     if not base.startswith("sqlite"):
         return None
     return "1" if base == "sqlite-group" else "0"
+
+
+def variants_problem(variants: list[str]) -> str | None:
+    """Why ``--variants`` cannot run (one sentence, without the script's name), or None."""
+    bad = [v for v in variants if v.partition("+")[0] not in VARIANTS or v.partition("+")[2] not in ("", "quiet")]
+    if bad:
+        return f"unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)} (optionally +quiet)"
+    if any(group_commit_setting(v) == "1" for v in variants) and not group_commit_installed():
+        return ("variant sqlite-group needs the group-commit patch in the installed Trinity; "
+                "run `rftstack relax` (it applies patches/trinity-recorder-group-commit.patch)")
+    return None
 
 
 def group_commit_installed() -> bool:
@@ -86,13 +97,15 @@ def free_port() -> int:
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process)."""
     import uvicorn
+
     from trinity.explorer.proxy import app as proxy_app
     from trinity.explorer.proxy.recorder import HistoryRecorder, MemoryHistoryRecorder
     from trinity.explorer.proxy.service import ExplorerService
 
     base, _, flag = variant.partition("+")
-    if group_commit_setting(variant) is not None:
-        os.environ[GROUP_COMMIT_VAR] = group_commit_setting(variant)  # read when HistoryRecorder is made
+    group_commit = group_commit_setting(variant)
+    if group_commit is not None:
+        os.environ[GROUP_COMMIT_VAR] = group_commit  # read when HistoryRecorder is made
 
     class ServiceStandIn:
         """What app.py calls on the service; the Explorer (engines on a GPU, Ray) is not here."""
@@ -143,7 +156,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     proxy_app.app.state.service = service
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
-    if group_commit_setting(variant) is not None:
+    if group_commit is not None:
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     print(f"READY {port}", flush=True)
     try:
@@ -243,13 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         print("proxy_overhead: --out is required", file=sys.stderr)
         return 2
     variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v.partition("+")[0] not in VARIANTS or v.partition("+")[2] not in ("", "quiet")]
-    if bad:
-        print(f"proxy_overhead: unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)} (optionally +quiet)", file=sys.stderr)
-        return 2
-    if any(group_commit_setting(v) == "1" for v in variants) and not group_commit_installed():
-        print("proxy_overhead: variant sqlite-group needs the group-commit patch in the installed Trinity; "
-              "run `rftstack relax` (it applies patches/trinity-recorder-group-commit.patch)", file=sys.stderr)
+    problem = variants_problem(variants)
+    if problem:
+        print(f"proxy_overhead: {problem}", file=sys.stderr)
         return 2
     levels = loadgen.parse_levels(args.concurrency)
     out = Path(args.out)

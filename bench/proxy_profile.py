@@ -333,14 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         print("proxy_profile: --out is required", file=sys.stderr)
         return 2
     variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v.partition("+")[0] not in po.VARIANTS or v.partition("+")[2] not in ("", "quiet")]
-    if bad or not variants:
-        print(f"proxy_profile: unknown variant {(bad or [''])[0]!r}; choose from {', '.join(po.VARIANTS)} (optionally +quiet)",
-              file=sys.stderr)
-        return 2
-    if any(po.group_commit_setting(v) == "1" for v in variants) and not po.group_commit_installed():
-        print("proxy_profile: variant sqlite-group needs the group-commit patch in the installed Trinity; "
-              "run `rftstack relax` (it applies patches/trinity-recorder-group-commit.patch)", file=sys.stderr)
+    problem = po.variants_problem(variants or [""])  # none given: "unknown variant ''"
+    if problem:
+        print(f"proxy_profile: {problem}", file=sys.stderr)
         return 2
     if args.concurrency < 1 or args.duration_s < 1 or args.rate < 1 or args.baseline_s <= 0:
         print("proxy_profile: --concurrency, --duration-s, --rate and --baseline-s must be positive", file=sys.stderr)
