@@ -8,7 +8,8 @@ Usage:
 Runs CMD (its own process group) with bench/stack_sampler on PYTHONPATH, so every Python process
 it starts samples its main thread's stack every 0.5 s into DIR/stacks/<pid>.jsonl; stamps each line
 CMD prints with the wall clock (DIR/log.txt); polls URL until it answers 200 (the server is ready),
-then stops the group (SIGINT, SIGKILL after 30 s). Nothing is left running.
+then stops the group (rftstack's supervisor: SIGINT, SIGTERM after 30 s, SIGKILL). Nothing is
+left running.
 
 Then, for each silent interval of the start-up log longer than --min-gap (default 5 s; between
 consecutive output lines, before ready), it reports per process the stacks sampled in it,
@@ -34,12 +35,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from rftstack import supervisor  # noqa: E402
 
 LIBDIR = re.compile(r".*/(?:site|dist)-packages/|.*/lib/python3\.\d+/")
 SAMPLER = Path(__file__).resolve().parent / "stack_sampler"
@@ -51,21 +53,17 @@ def run(cmd: list[str], out: Path, ready_url: str, timeout: float) -> dict:
     stacks.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, RFTSTACK_STACK_SAMPLES=str(stacks), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SAMPLER), env.get("PYTHONPATH", "")) if p)
-    t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     lines: list[tuple[float, str]] = []
+    log = open(out / "log.txt", "w")  # noqa: SIM115 (closed once the pump has ended)
 
-    def pump() -> None:
-        with open(out / "log.txt", "w") as log:
-            for raw in proc.stdout:
-                line = raw.decode(errors="replace").rstrip("\n")
-                now = time.time()
-                lines.append((now, line))
-                log.write(f"{now:.3f} {line}\n")
-                log.flush()
+    def stamp(line: str) -> None:
+        now = time.time()
+        lines.append((now, line))
+        log.write(f"{now:.3f} {line}\n")
+        log.flush()
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    t0 = time.time()
+    proc, pump = supervisor.spawn(cmd, env=env, sink=stamp)
     ready_t = None
     try:
         while time.time() - t0 < timeout and proc.poll() is None:
@@ -78,34 +76,13 @@ def run(cmd: list[str], out: Path, ready_url: str, timeout: float) -> dict:
                 pass
             time.sleep(0.5)
     finally:
-        stop(proc)
-        reader.join(timeout=10)
+        # SIGINT to its group, SIGTERM after 30 s, SIGKILL 10 s later; returns when none is left
+        supervisor.stop(tag=None, pgid=proc.pid, first=signal.SIGINT, grace_s=30, keep_reaping=[proc.pid], leader=proc.pid)
+        proc.wait()
+        pump.join(timeout=10)
+        log.close()
     return {"cmd": cmd, "start": t0, "ready": ready_t, "ready_s": None if ready_t is None else round(ready_t - t0, 1),
             "exit": proc.returncode, "lines": lines}
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGINT to the whole group, SIGKILL after 30 s; returns when no member is left."""
-    for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.time() + wait
-        while time.time() < deadline:
-            proc.poll()  # reap the leader, or the group looks alive for ever
-            if not group_alive(proc.pid):
-                return
-            time.sleep(0.2)
-    proc.wait()
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def silent_gaps(lines: list[tuple[float, str]], start: float, end: float | None, min_gap: float) -> list[tuple[float, float]]:
