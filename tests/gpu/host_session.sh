@@ -15,6 +15,7 @@
 #   qwen3b-nogroup  the same with RFTSTACK_RECORDER_GROUP_COMMIT=0 (upstream's recorder write path), for
 #              the group-commit patch's effect on the GPU side by side with `qwen3b` (7)
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run (7)
+#   ready-3b   the same on the Qwen2.5-3B-shaped model (run it after qwen3b, whose runs warm the caches)
 #   default    tests/gpu/test_serve_gpu.py          the embedded default (6)
 #   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
 #              the start-up's silent intervals (the unlogged gap after "init engine", 7)
@@ -57,6 +58,7 @@ for step in "${steps[@]}"; do
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
         qwen3b-nogroup) RFTSTACK_RECORDER_GROUP_COMMIT=0 bench --model /tmp/bench/qwen3b --label qwen3b-nogroup --phases bare,trinity --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
+        ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
         gap) wait; python3 bench/silent_gap.py --out "$LOGS/gap" --ready-url http://127.0.0.1:8123/v1/models --timeout 400 \
                  -- vllm serve /tmp/bench/tiny --host 127.0.0.1 --port 8123 --gpu-memory-utilization 0.6 ;;
