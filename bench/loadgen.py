@@ -5,6 +5,11 @@ the level's time limit passes: then no new request starts and the level is marke
 Every request uses a fixed prompt from a deterministic set, a fixed ``max_tokens`` and
 ``ignore_eos: true`` (a vLLM extension; Trinity's proxy forwards the whole request body, so it
 reaches vLLM on both paths), so every successful request produces exactly ``max_tokens`` tokens.
+With ``--max-tokens-spread S`` (0 < S < 1) request i asks for ``max_tokens_for(i, M, S)`` tokens:
+an integer drawn uniformly from [M(1-S), M(1+S)], seeded by i (the request's number within its
+level), so every path gets the same sequence and the mean stays about M. Equal lengths make a level's requests finish together (the
+worst case for anything that handles responses one at a time, such as a proxy); spread lengths
+let them finish at different times, as an agent's varied answers do.
 
 Measured per level: output tokens/s (sum of ``usage.completion_tokens`` / level wall time),
 requests/s, latency p50/p90/p99/mean/max over successful requests, errors by kind, and
@@ -56,6 +61,16 @@ def percentile(values: list[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def max_tokens_for(i: int, max_tokens: int, spread: float) -> int:
+    """Request i's max_tokens: ``max_tokens`` when spread is 0, else a seeded uniform draw from
+    [max_tokens(1-spread), max_tokens(1+spread)] (the same for request i on every path)."""
+    if spread <= 0:
+        return max_tokens
+    lo = max(1, round(max_tokens * (1 - spread)))
+    hi = max(lo, round(max_tokens * (1 + spread)))
+    return random.Random(f"max_tokens/{i}").randint(lo, hi)
+
+
 def request_body(model: str, prompt: str, max_tokens: int, *, temperature: float, like_proxy: bool) -> dict:
     body: dict[str, Any] = {
         "model": model,
@@ -70,7 +85,8 @@ def request_body(model: str, prompt: str, max_tokens: int, *, temperature: float
 
 
 def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_tokens: int, truncated: bool) -> dict:
-    """One level's numbers from its request records ({ok, latency_s, completion_tokens, error})."""
+    """One level's numbers from its request records ({ok, latency_s, completion_tokens, error} and,
+    when lengths are spread, the record's own max_tokens)."""
     ok = [r for r in records if r["ok"]]
     lat = [r["latency_s"] for r in ok]
     out_tokens = sum(r["completion_tokens"] or 0 for r in ok)
@@ -85,7 +101,7 @@ def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_token
         "ok": len(ok),
         "errors": sum(errors.values()),
         "error_kinds": errors,
-        "short_outputs": sum(1 for r in ok if (r["completion_tokens"] or 0) < max_tokens),
+        "short_outputs": sum(1 for r in ok if (r["completion_tokens"] or 0) < r.get("max_tokens", max_tokens)),
         "missing_usage": sum(1 for r in ok if r["completion_tokens"] is None),
         "output_tokens": out_tokens,
         "wall_s": round(wall_s, 6),
@@ -137,6 +153,7 @@ async def run_level(
     warmup: int = 0,
     level_timeout_s: float = 120.0,
     request_timeout_s: float = 120.0,
+    spread: float = 0.0,
 ) -> dict:
     """Run one concurrency level; returns :func:`summarise`'s record."""
     import aiohttp
@@ -162,9 +179,12 @@ async def run_level(
                     return
                 i = next_i
                 next_i += 1
-                body = request_body(model, prompt_set[i % len(prompt_set)], max_tokens,
+                n = max_tokens_for(i, max_tokens, spread)
+                body = request_body(model, prompt_set[i % len(prompt_set)], n,
                                     temperature=temperature, like_proxy=like_proxy)
-                records.append(await _one(session, url, body, request_timeout_s))
+                record = await _one(session, url, body, request_timeout_s)
+                record["max_tokens"] = n
+                records.append(record)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -203,6 +223,7 @@ async def run(
     prompt_words: int = 48,
     requests_for=None,
     progress=None,
+    spread: float = 0.0,
 ) -> dict:
     """Every level in turn against ``base_url``; the whole result as one JSON-ready dict.
 
@@ -216,7 +237,8 @@ async def run(
         "base_url": base_url,
         "model": model,
         "params": {
-            "requests_per_level": {str(c): count(c) for c in levels}, "max_tokens": max_tokens, "ignore_eos": True,
+            "requests_per_level": {str(c): count(c) for c in levels}, "max_tokens": max_tokens,
+            "max_tokens_spread": spread, "ignore_eos": True,
             "temperature": temperature, "like_proxy": like_proxy, "warmup": warmup,
             "level_timeout_s": level_timeout_s, "prompts": prompt_count, "prompt_words": prompt_words,
         },
@@ -228,7 +250,7 @@ async def run(
         res = await run_level(
             base_url, model, concurrency=c, requests=count(c), max_tokens=max_tokens, prompt_set=ps,
             temperature=temperature, like_proxy=like_proxy, warmup=warmup,
-            level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s,
+            level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s, spread=spread,
         )
         out["levels"].append(res)
         if progress:
@@ -256,6 +278,9 @@ def configure(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--concurrency", default="1,8,32,64", help="comma list of levels (default 1,8,32,64)")
     ap.add_argument("--requests", type=int, default=128, help="requests per level (default 128)")
     ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
+    ap.add_argument("--max-tokens-spread", type=float, default=0.0, metavar="S",
+                    help="spread output lengths: request i asks for a seeded uniform draw from "
+                         "[M(1-S), M(1+S)], M = --max-tokens (default 0: all equal)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (Trinity's default is 1.0)")
     ap.add_argument("--like-proxy", action="store_true", help="also ask for logprobs and token ids, as Trinity's proxy does")
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each level (default 2)")
@@ -274,12 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 1 or args.max_tokens < 1:
         print("loadgen: --requests and --max-tokens must be at least 1", file=sys.stderr)
         return 2
+    if not 0 <= args.max_tokens_spread < 1:
+        print(f"loadgen: --max-tokens-spread {args.max_tokens_spread} must be at least 0 and below 1; "
+              "e.g. 0.75 for lengths between M/4 and 7M/4", file=sys.stderr)
+        return 2
     say = None if args.json else (lambda m: print(m, flush=True))
     try:
         result = asyncio.run(run(
             args.base_url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, model=args.model,
             label=args.label, temperature=args.temperature, like_proxy=args.like_proxy, warmup=args.warmup,
             level_timeout_s=args.level_timeout, request_timeout_s=args.request_timeout, progress=say,
+            spread=args.max_tokens_spread,
         ))
     except (OSError, RuntimeError) as exc:
         print(f"loadgen: cannot reach {args.base_url} ({exc}); start the server or fix --base-url", file=sys.stderr)

@@ -9,8 +9,16 @@ Phases (each hard time-bounded, processes always stopped, results written after 
            levels through Trinity's proxy, and the same levels sent "like the proxy" straight to
            the vLLM OpenAI server inside Trinity's engine actor (found as the new loopback-reachable
            listener that answers /v1/models): proxy vs engine-direct is the proxy's own cost
+  trinity-nogroup
+           the trinity phase's start and proxy load with RFTSTACK_RECORDER_GROUP_COMMIT=0 (upstream
+           Trinity's recorder write path, one transaction per response), so the group-commit
+           patch's effect is measured side by side with bare and `trinity` in one run
   manual   the report's steps by hand: `ray start --head` (loopback, explicit ports, private
            temp dir) then `trinity run --config CONFIG`: time to ready only
+
+With --spread S, the bare and proxy phases also run the --spread-levels with output lengths spread
+over [M(1-S), M(1+S)] (loadgen's --max-tokens-spread; equal lengths make a level's requests finish
+together, the worst case for a proxy that handles responses one at a time).
 
 Time goes to: the per-process log with a "+seconds" stamp on every line (logs/<phase>.log) and the
 vLLM phases found in it (weights, torch.compile, CUDA graphs, engine init) in the JSON.
@@ -49,7 +57,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
 
-PHASES = ("bare", "trinity", "manual")
+PHASES = ("bare", "trinity", "trinity-nogroup", "manual")
+GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # patches/trinity-recorder-group-commit.patch
 
 # vLLM / Trinity log lines that say where start-up time goes: name -> regex (first group: seconds)
 MARKERS = {
@@ -261,8 +270,10 @@ class Bench:
             "settings": {
                 "gpu_memory_utilization": args.gpu_util, "max_model_len": args.max_model_len,
                 "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
+                "rounds": args.rounds, "spread": args.spread, "spread_levels": args.spread_levels,
                 "bare_extra_args": args.bare_extra_args, "ready_only": args.ready_only, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
-                "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES")},
+                "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES",
+                                                       GROUP_COMMIT_VAR)},
             },
             "command": " ".join([sys.executable, *sys.argv]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -333,13 +344,16 @@ class Bench:
         self.procs.append(p)
         return p
 
-    def load(self, base_url: str, label: str, *, like_proxy: bool, model: str | None = None) -> dict:
-        """The load levels, bounded by the budget left (keeps ``reserve_s`` for the rest)."""
-        per_level = max(5.0, min(self.args.level_timeout, (self.remaining() - self.args.reserve_s) / len(self.levels)))
+    def load(self, base_url: str, label: str, *, like_proxy: bool, model: str | None = None,
+             spread: float = 0.0) -> dict:
+        """The load levels (the spread levels when ``spread``), bounded by the budget left (keeps
+        ``reserve_s`` for the rest)."""
+        levels = loadgen.parse_levels(self.args.spread_levels) if spread else self.levels
+        per_level = max(5.0, min(self.args.level_timeout, (self.remaining() - self.args.reserve_s) / len(levels)))
         return asyncio.run(loadgen.run(
-            base_url, levels=self.levels, requests=0, requests_for=self.requests_for, max_tokens=self.args.max_tokens,
+            base_url, levels=levels, requests=0, requests_for=self.requests_for, max_tokens=self.args.max_tokens,
             model=model, label=label, like_proxy=like_proxy, warmup=4, level_timeout_s=per_level,
-            request_timeout_s=min(120.0, per_level), progress=self.say,
+            request_timeout_s=min(120.0, per_level), progress=self.say, spread=spread,
         ))
 
     @property
@@ -347,7 +361,7 @@ class Bench:
         return loadgen.parse_levels(self.args.concurrency)
 
     def requests_for(self, c: int) -> int:
-        return self.args.requests if self.args.requests > 0 else max(16, 4 * c)
+        return self.args.requests if self.args.requests > 0 else max(16, self.args.rounds * c)
 
     # -- phases ---------------------------------------------------------------------------------
 
@@ -365,6 +379,9 @@ class Bench:
             r["load"] = self.load(base, "bare", like_proxy=False, model=r["ready"]["model"])
             if not self.args.no_like_proxy:
                 r["load_like_proxy"] = self.load(base, "bare-like-proxy", like_proxy=True, model=r["ready"]["model"])
+            if self.args.spread:
+                r["load_spread"] = self.load(base, "bare-spread", like_proxy=False, model=r["ready"]["model"],
+                                             spread=self.args.spread)
         else:
             r["log_tail"] = p.tail()
         r["stop"] = p.stop()
@@ -407,14 +424,17 @@ class Bench:
         r["startup_markers"] = markers(p.lines)
         if extra_ready:
             r.update(extra_ready)
-        if r["ready"]["ready"] and name == "trinity" and not self.args.ready_only:
+        if r["ready"]["ready"] and name in ("trinity", "trinity-nogroup") and not self.args.ready_only:
             base = r["ready"]["base_url"]
-            r["load"] = self.load(base, "trinity-proxy", like_proxy=False, model=r["ready"]["model"])
+            r["load"] = self.load(base, f"{name}-proxy", like_proxy=False, model=r["ready"]["model"])
+            if self.args.spread:
+                r["load_spread"] = self.load(base, f"{name}-proxy-spread", like_proxy=False, model=r["ready"]["model"],
+                                             spread=self.args.spread)
             proxy = int(base.rsplit(":", 1)[1])
             try:  # the proxy's figures above are kept whatever happens here
                 engines = find_openai_servers(listening_ports() - before, exclude={proxy})
                 r["engine_urls"] = engines
-                if engines and not self.args.no_like_proxy:
+                if engines and name == "trinity" and not self.args.no_like_proxy:
                     r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=True,
                                                         model=r["ready"]["model"])
             except Exception as exc:
@@ -428,13 +448,24 @@ class Bench:
         r["stop"] = p.stop(grace_s=30.0)
         return r
 
-    def phase_trinity(self) -> dict:
+    def phase_trinity(self, name: str = "trinity") -> dict:
         def argv_for(cfg: Path, run_dir: Path) -> list[str]:
             return self.args.serve_cmd.format(python=sys.executable, config=cfg, run_dir=run_dir).split()
 
-        r = self._trinity_like("trinity", argv_for)
+        r = self._trinity_like(name, argv_for)
         r["ray_stop"] = ray_stop_force()
         r["gpu_memory_after_mib"] = wait_gpu_free()
+        return r
+
+    def phase_trinity_nogroup(self) -> dict:
+        env = {**self.env(), GROUP_COMMIT_VAR: "0"}
+        saved = self.env
+        self.env = lambda: env  # the runner, its Ray head and Trinity's actors inherit it
+        try:
+            r = self.phase_trinity("trinity-nogroup")
+        finally:
+            self.env = saved
+        r["env"] = {GROUP_COMMIT_VAR: "0"}
         return r
 
     def phase_manual(self) -> dict:
@@ -473,9 +504,9 @@ class Bench:
 
     def run(self) -> int:
         phases = [p.strip() for p in self.args.phases.split(",") if p.strip()]
-        estimate = {"bare": 180, "trinity": 300, "manual": 240}
+        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "manual": 240}
         if self.args.ready_only:
-            estimate = {"bare": 120, "trinity": 200, "manual": 200}
+            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "manual": 200}
         for ph in phases:
             if self.remaining() < estimate[ph] * 0.5:
                 self.result["phases"][ph] = {"skipped": f"budget: {self.remaining():.0f} s left"}
@@ -484,7 +515,7 @@ class Bench:
             self.say(f"{ph}: start")
             started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             try:
-                self.result["phases"][ph] = getattr(self, f"phase_{ph}")()
+                self.result["phases"][ph] = getattr(self, f"phase_{ph.replace('-', '_')}")()
                 self.result["phases"][ph].update(started=started, host=platform.node())
             except Exception as exc:  # record, clean up, go on with the next phase
                 self.result["phases"][ph] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -537,18 +568,30 @@ def summary(result: dict) -> dict:
         for name in ("trinity", "manual"):
             if name in out["ready_s"]:
                 out[f"ready_ratio_{name}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
-    for lv in (bare.get("load") or {}).get("levels", []):
+    nogroup = ph.get("trinity-nogroup", {})
+    out["throughput_ratio"] = _ratios(bare.get("load"), (
+        ("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
+        ("proxy", tri.get("load")), ("proxy_nogroup", nogroup.get("load"))))
+    if bare.get("load_spread"):
+        out["throughput_ratio_spread"] = _ratios(bare.get("load_spread"), (
+            ("proxy", tri.get("load_spread")), ("proxy_nogroup", nogroup.get("load_spread"))))
+    return out
+
+
+def _ratios(bare_load: dict | None, others) -> dict:
+    """{c: {bare_tok_s, <key>_tok_s, <key>_vs_bare, ...}} for each level of the bare load."""
+    table = {}
+    for lv in (bare_load or {}).get("levels", []):
         c = lv["concurrency"]
         row = {"bare_tok_s": lv["output_tokens_per_s"]}
-        for key, load in (("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
-                          ("proxy", tri.get("load"))):
+        for key, load in others:
             other = _level(load, c)
             if other:
                 row[f"{key}_tok_s"] = other["output_tokens_per_s"]
                 if lv["output_tokens_per_s"]:
                     row[f"{key}_vs_bare"] = round(other["output_tokens_per_s"] / lv["output_tokens_per_s"], 3)
-        out["throughput_ratio"][str(c)] = row
-    return out
+        table[str(c)] = row
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -561,7 +604,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reserve-s", type=float, default=60, help="budget kept back for stopping and later phases")
     ap.add_argument("--ready-timeout", type=float, default=300, help="limit for one start-up, seconds")
     ap.add_argument("--concurrency", default="1,8,32,64")
-    ap.add_argument("--requests", type=int, default=0, help="requests per level (default 0: max(16, 4 x concurrency))")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default 0: max(16, ROUNDS x concurrency))")
+    ap.add_argument("--rounds", type=int, default=4, help="requests per client and level when --requests is 0 (default 4)")
+    ap.add_argument("--spread", type=float, default=0.0, metavar="S",
+                    help="also run --spread-levels with output lengths spread over [M(1-S), M(1+S)] (default 0: not run)")
+    ap.add_argument("--spread-levels", default="32", help="concurrency levels of the spread load (default 32)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--level-timeout", type=float, default=30, help="no new request after this per level")
     ap.add_argument("--gpu-util", type=float, default=0.6, help="--gpu-memory-utilization for both paths (the report's 0.60)")
@@ -584,6 +631,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     loadgen.parse_levels(args.concurrency)
+    loadgen.parse_levels(args.spread_levels)
+    if not 0 <= args.spread < 1 or args.rounds < 1:
+        print(f"serve_vs_bare: --spread {args.spread} must be at least 0 and below 1 (e.g. 0.75), and --rounds "
+              f"{args.rounds} at least 1", file=sys.stderr)
+        return 2
     global RAY_STOP
     RAY_STOP = not args.no_ray_stop
     bench = Bench(args)

@@ -97,3 +97,28 @@ def test_unreachable_server_is_one_sentence():
 def test_bad_concurrency_list():
     r = run_loadgen("--base-url", "http://127.0.0.1:9", "--concurrency", "1,x")
     assert r.returncode != 0 and "comma list" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_spread_lengths_are_seeded_bounded_and_checked_per_request(tmp_path):
+    draws = [loadgen.max_tokens_for(i, 64, 0.75) for i in range(400)]
+    assert draws == [loadgen.max_tokens_for(i, 64, 0.75) for i in range(400)]  # same on every path
+    assert min(draws) >= 16 and max(draws) <= 112 and len(set(draws)) > 50
+    assert 56 <= sum(draws) / len(draws) <= 72
+    assert {loadgen.max_tokens_for(i, 64, 0) for i in range(50)} == {64}
+    out = tmp_path / "r.json"
+    with OpenAIDouble(short_every=7) as srv:
+        r = run_loadgen("--base-url", srv.base_url, "--concurrency", "4", "--requests", "20", "--max-tokens", "8",
+                        "--max-tokens-spread", "0.5", "--warmup", "0", "--out", str(out))
+        bodies = list(srv.bodies)
+    assert r.returncode == 0, r.stderr
+    lv = json.loads(out.read_text())["levels"][0]
+    asked = sorted(b["max_tokens"] for b in bodies)
+    assert asked == sorted(loadgen.max_tokens_for(i, 8, 0.5) for i in range(20)) and len(set(asked)) > 1
+    # short only where the double answered one token less than that request asked (requests 7 and 14)
+    assert lv["short_outputs"] == 2 and lv["output_tokens"] == sum(asked) - 2
+    assert json.loads(out.read_text())["params"]["max_tokens_spread"] == 0.5
+
+
+def test_bad_spread_is_one_sentence():
+    r = run_loadgen("--base-url", "http://127.0.0.1:9", "--max-tokens-spread", "1.5")
+    assert r.returncode == 2 and "--max-tokens-spread 1.5 must be at least 0 and below 1" in r.stderr

@@ -132,6 +132,25 @@ def test_summary_ratios():
                                           "engine_direct_tok_s": 940.0, "engine_direct_vs_bare": 0.94,
                                           "proxy_tok_s": 900.0, "proxy_vs_bare": 0.9}
     assert s["throughput_ratio"]["1"]["proxy_vs_bare"] == 0.8 and "engine_direct_tok_s" not in s["throughput_ratio"]["1"]
+    assert "throughput_ratio_spread" not in s
+
+
+def test_summary_adds_the_nogroup_phase_and_the_spread_load():
+    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
+    result = {"label": "x", "phases": {
+        "bare": {"ready": {"ready": True, "first_answer_s": 40.0},
+                 "load": {"levels": [lv(32, 1000.0)]}, "load_spread": {"levels": [lv(32, 800.0), lv(64, 1000.0)]}},
+        "trinity": {"ready": {"ready": True, "first_answer_s": 90.0},
+                    "load": {"levels": [lv(32, 700.0)]}, "load_spread": {"levels": [lv(32, 720.0), lv(64, 800.0)]}},
+        "trinity-nogroup": {"ready": {"ready": True, "first_answer_s": 95.0},
+                            "load": {"levels": [lv(32, 550.0)]}, "load_spread": {"levels": [lv(32, 600.0)]}},
+    }}
+    s = svb.summary(result)
+    assert s["throughput_ratio"]["32"] == {"bare_tok_s": 1000.0, "proxy_tok_s": 700.0, "proxy_vs_bare": 0.7,
+                                          "proxy_nogroup_tok_s": 550.0, "proxy_nogroup_vs_bare": 0.55}
+    assert s["throughput_ratio_spread"]["32"] == {"bare_tok_s": 800.0, "proxy_tok_s": 720.0, "proxy_vs_bare": 0.9,
+                                                 "proxy_nogroup_tok_s": 600.0, "proxy_nogroup_vs_bare": 0.75}
+    assert s["throughput_ratio_spread"]["64"] == {"bare_tok_s": 1000.0, "proxy_tok_s": 800.0, "proxy_vs_bare": 0.8}
 
 
 def test_bad_phase_and_missing_model_are_one_sentence(tmp_path):
@@ -143,6 +162,10 @@ def test_bad_phase_and_missing_model_are_one_sentence(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "bench/serve_vs_bare.py"), "--model", str(tmp_path), "--label", "x",
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no config.json" in r.stderr
+    (tmp_path / "config.json").write_text("{}")
+    r = subprocess.run([sys.executable, str(REPO / "bench/serve_vs_bare.py"), "--model", str(tmp_path), "--label", "x",
+                        "--out", str(tmp_path / "o"), "--spread", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--spread 1.0 must be at least 0 and below 1" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.slow
