@@ -9,6 +9,9 @@ For each serve result it draws:
   <prefix>-<label>-ratio.png        throughput of each path / bare vLLM, with the 0.95 target
   <prefix>-ready.png                time to first answered request per path and model (bars)
 
+and, when the result has loads with spread output lengths (serve_vs_bare.py --spread), the same
+three figures for them as <prefix>-<label>-spread-{throughput,latency,ratio}.png.
+
 Every figure carries, in small print, the command that produced the data and the machine.
 
     python bench/plot.py --out docs/figures bench/results/gpu/serve-*.json
@@ -29,12 +32,18 @@ SERIES = (
     (("bare", "load_like_proxy"), "bare vLLM, logprobs + token ids (as the proxy asks)"),
     (("trinity", "load_engine_direct"), "Trinity's engine, direct (as the proxy asks)"),
     (("trinity", "load"), "through Trinity's proxy"),
+    (("trinity-nogroup", "load"), "through Trinity's proxy, group commit off (upstream recorder)"),
+)
+SPREAD_SERIES = (
+    (("bare", "load_spread"), "bare vLLM"),
+    (("trinity", "load_spread"), "through Trinity's proxy"),
+    (("trinity-nogroup", "load_spread"), "through Trinity's proxy, group commit off (upstream recorder)"),
 )
 
 
-def series_from_serve(result: dict) -> list[tuple[str, dict]]:
+def series_from_serve(result: dict, series=SERIES) -> list[tuple[str, dict]]:
     out = []
-    for (phase, key), label in SERIES:
+    for (phase, key), label in series:
         load = result.get("phases", {}).get(phase, {}).get(key)
         if load and load.get("levels"):
             out.append((label, load))
@@ -211,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         curves = series_from_serve(res)
         if curves:
             written += plot_curves(curves, args.title or f"{res['label']} model", note, out / f"{args.prefix}-{res['label']}", args.target)
+        spread = series_from_serve(res, SPREAD_SERIES)
+        if spread:
+            s = res.get("settings", {}).get("spread")
+            written += plot_curves(spread, (args.title or f"{res['label']} model") + f", lengths spread ±{s}", note,
+                                   out / f"{args.prefix}-{res['label']}-spread", args.target)
     if serve_results:
         note = args.note or "\n".join(sorted({_machine(r) for r in serve_results}))
         p = plot_ready(serve_results, note, out / f"{args.prefix}-ready.png")

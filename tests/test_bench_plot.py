@@ -47,6 +47,19 @@ def test_plots_from_loadgen_and_serve_results(tmp_path):
     assert r.returncode == 0, r.stderr
     for n in ("serve-testdouble-throughput.png", "serve-testdouble-latency.png", "serve-testdouble-ratio.png", "serve-ready.png"):
         assert (figs / n).read_bytes()[:8] == PNG
+    assert not any("spread" in p.name for p in figs.iterdir())
+
+    # with spread-length loads (serve_vs_bare.py --spread) and the group-commit-off phase: three more figures
+    serve["settings"] = {"spread": 0.75}
+    serve["phases"]["bare"]["load_spread"] = a
+    serve["phases"]["trinity"]["load_spread"] = b
+    serve["phases"]["trinity-nogroup"] = {"load": b, "load_spread": b}
+    (tmp_path / "serve-testdouble.json").write_text(json.dumps(serve))
+    r = _plot("--out", str(tmp_path / "figs2"), "--prefix", "serve", str(tmp_path / "serve-testdouble.json"))
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in (tmp_path / "figs2").iterdir())
+    assert [n for n in names if "spread" in n] == ["serve-testdouble-spread-latency.png", "serve-testdouble-spread-ratio.png",
+                                                  "serve-testdouble-spread-throughput.png"]
 
 
 def test_no_inputs_and_bad_file_are_one_sentence(tmp_path):

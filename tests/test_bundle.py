@@ -204,9 +204,22 @@ def test_rebuild_resumes_and_is_stable(built, capsys):
     assert "idna-3.20-py3-none-any.whl 68.0 KiB resumed, sha256 ok" in err
     assert "six-1.17.0-py2.py3-none-any.whl 10.8 KiB present" in err
     again = json.loads((out / "manifest.json").read_text())
-    # the project wheel is rebuilt each time, so only files from the lock keep their hash
-    same = lambda mm: {f["name"]: f["sha256"] for f in mm["files"] if f["dist"] != "bundle-probe"}
-    assert same(again) == same(m)
+    # the project wheel is rebuilt each time, from the same tree: every hash stays
+    assert {f["name"]: f["sha256"] for f in again["files"]} == {f["name"]: f["sha256"] for f in m["files"]}
+    assert again["bundle_id"] == m["bundle_id"]
+
+
+def test_a_fresh_build_elsewhere_is_bit_identical(built, capsys, tmp_path):
+    """Nothing cached: the wheels built here from sdists (word2number, antlr4) and from the project
+    are rebuilt with SOURCE_DATE_EPOCH fixed, so they, the parts and the bundle id come out the same."""
+    lock, out, m = built
+    rc, stdout, err = run_cli(capsys, build_args(lock, tmp_path / "again"))
+    assert rc == 0, err
+    again = json.loads((tmp_path / "again" / "manifest.json").read_text())
+    built_here = {f["name"]: f["sha256"] for f in m["files"] if f["source"] == bundle.BUILT_HERE}
+    assert len(built_here) == 3  # word2number, antlr4-python3-runtime, the project
+    assert {f["name"]: f["sha256"] for f in again["files"]} == {f["name"]: f["sha256"] for f in m["files"]}
+    assert again["bundle_id"] == m["bundle_id"]
 
 
 def test_have_and_exclude(built, capsys, tmp_path):

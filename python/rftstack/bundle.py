@@ -18,6 +18,7 @@ import argparse
 import errno
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,9 @@ def is_pure(wheel_name: str) -> bool:
     return all(t.interpreter.startswith("py") and t.abi == "none" and t.platform == "any" for t in tags)
 
 
+REPRODUCIBLE_EPOCH = "315532800"  # 1980-01-01, the earliest time a zip entry can carry
+
+
 def build_wheel(src: Path, out_dir: Path, what: str) -> Path:
     """Build one wheel from a source tree or sdist with `uv build` (or pip wheel); returns its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +116,10 @@ def build_wheel(src: Path, out_dir: Path, what: str) -> Path:
         cmd = [uv, "build", "--wheel", "--quiet", "--no-config", "--out-dir", str(out_dir), str(src)]
     else:
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out_dir), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out_dir)
+    # fixed file times in the wheel (setuptools and hatchling honour SOURCE_DATE_EPOCH): without it,
+    # every build of the same sdist gets a new hash, and so does the bundle
+    env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", REPRODUCIBLE_EPOCH)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out_dir, env=env)
     wheels = sorted(out_dir.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
