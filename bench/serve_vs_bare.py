@@ -56,9 +56,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
+from proxy_overhead import GROUP_COMMIT_VAR  # noqa: E402
 
 PHASES = ("bare", "trinity", "trinity-nogroup", "manual")
-GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # patches/trinity-recorder-group-commit.patch
 
 # vLLM / Trinity log lines that say where start-up time goes: name -> regex (first group: seconds)
 MARKERS = {
@@ -388,8 +388,9 @@ class Bench:
         r["gpu_memory_after_mib"] = wait_gpu_free()
         return r
 
-    def _trinity_like(self, name: str, argv_for, *, extra_ready=None) -> dict:
-        """Shared by the trinity and manual phases: start, wait for the proxy, optionally load."""
+    def _trinity_like(self, name: str, argv_for, *, env: dict | None = None, extra_ready=None) -> dict:
+        """Shared by the trinity and manual phases: start (with ``env``, default :meth:`env`), wait for
+        the proxy, optionally load."""
         proxy_port = free_port()
         cfg = trinity_config(self.work / f"{name}.yaml", model=Path(self.args.model).resolve(), label=f"{self.args.label}-{name}",
                              max_model_len=self.args.max_model_len, gpu_util=self.args.gpu_util, proxy_port=proxy_port,
@@ -400,7 +401,7 @@ class Bench:
         before = listening_ports()
         argv = argv_for(cfg, run_dir)
         r["argv"] = argv
-        p = self.spawn(name, argv)
+        p = self.spawn(name, argv, env)
 
         def find_url() -> str | None:
             # the runner may move the proxy to another free port: read its status/config if so
@@ -448,23 +449,18 @@ class Bench:
         r["stop"] = p.stop(grace_s=30.0)
         return r
 
-    def phase_trinity(self, name: str = "trinity") -> dict:
+    def phase_trinity(self, name: str = "trinity", env: dict | None = None) -> dict:
         def argv_for(cfg: Path, run_dir: Path) -> list[str]:
             return self.args.serve_cmd.format(python=sys.executable, config=cfg, run_dir=run_dir).split()
 
-        r = self._trinity_like(name, argv_for)
+        r = self._trinity_like(name, argv_for, env=env)
         r["ray_stop"] = ray_stop_force()
         r["gpu_memory_after_mib"] = wait_gpu_free()
         return r
 
     def phase_trinity_nogroup(self) -> dict:
-        env = {**self.env(), GROUP_COMMIT_VAR: "0"}
-        saved = self.env
-        self.env = lambda: env  # the runner, its Ray head and Trinity's actors inherit it
-        try:
-            r = self.phase_trinity("trinity-nogroup")
-        finally:
-            self.env = saved
+        # the runner, its Ray head and Trinity's actors inherit it
+        r = self.phase_trinity("trinity-nogroup", env={**self.env(), GROUP_COMMIT_VAR: "0"})
         r["env"] = {GROUP_COMMIT_VAR: "0"}
         return r
 
@@ -488,12 +484,7 @@ class Bench:
         def argv_for(cfg: Path, run_dir: Path) -> list[str]:
             return ["trinity", "run", "--config", str(cfg)]
 
-        saved = self.env
-        self.env = lambda: env  # trinity run must find this head
-        try:
-            r = self._trinity_like("manual", argv_for)
-        finally:
-            self.env = saved
+        r = self._trinity_like("manual", argv_for, env=env)  # trinity run must find this head
         r["ray_start_s"] = ray_s
         if r["ready"].get("ready"):
             r["ready"]["first_answer_incl_ray_start_s"] = round(r["ready"]["first_answer_s"] + ray_s, 2)

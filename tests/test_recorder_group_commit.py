@@ -313,14 +313,21 @@ def test_an_experience_that_cannot_become_a_row_fails_alone(recorder_mod, tmp_pa
     assert sorted(rows(db)) == ["g0", "g1", "g2"]
 
 
+async def queued_calls(rec, prefix: str, n: int) -> list:
+    """n record_history calls started; after one turn of the loop each has queued its experiences
+    and the writer has not committed yet."""
+    tasks = [asyncio.create_task(rec.record_history([experience(f"{prefix}{i}")])) for i in range(n)]
+    await asyncio.sleep(0)
+    return tasks
+
+
 def test_cancelled_callers_neither_lose_nor_block_the_others(recorder_mod, tmp_path, monkeypatch):
     db = tmp_path / "h.db"
     rec = new_recorder(recorder_mod, db, monkeypatch, "1")
 
     async def scenario():
         await rec.prepare()
-        tasks = [asyncio.create_task(rec.record_history([experience(f"c{i}")])) for i in range(32)]
-        await asyncio.sleep(0)  # every task has queued its experiences; the writer has not committed yet
+        tasks = await queued_calls(rec, "c", 32)
         assert not any(t.done() for t in tasks)
         for t in tasks[::2]:
             t.cancel()  # as Starlette cancels a handler whose client went away
@@ -348,7 +355,7 @@ def test_writer_cancelled_mid_commit_fails_its_callers_and_the_next_call_restart
         lock = sqlite3.connect(db, isolation_level=None)
         lock.execute("begin exclusive")  # another writer holds the lock: the batch's insert waits
         try:
-            tasks = [asyncio.create_task(rec.record_history([experience(f"w{i}")])) for i in range(8)]
+            tasks = await queued_calls(rec, "w", 8)
             await asyncio.sleep(0.5)
             writer = rec._writer
             assert writer is not None and not writer.done() and not any(t.done() for t in tasks)
@@ -372,8 +379,7 @@ def test_writer_cancelled_before_it_ran_fails_its_callers(recorder_mod, tmp_path
 
     async def scenario():
         await rec.prepare()
-        tasks = [asyncio.create_task(rec.record_history([experience(f"n{i}")])) for i in range(4)]
-        await asyncio.sleep(0)  # queued; the writer task exists but has not run
+        tasks = await queued_calls(rec, "n", 4)  # the writer task exists but has not run
         writer = rec._writer
         writer.cancel()
         got = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=5)
