@@ -17,6 +17,7 @@ from rftstack.errors import UserError
 # name -> (module, one-line summary). Summaries live here so `rftstack --help` imports nothing.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rftstack.serve", "preflight, a loopback Ray head, then Trinity serve mode, supervised"),
+    "train": ("rftstack.train", "preflight, a loopback Ray head, then Trinity train mode (verl) on a serve's experiences, supervised"),
     "ray-head": ("rftstack.ray_head", "start/stop a Ray head bound to loopback with token auth"),
     "doctor": ("rftstack.doctor", "find every known way this stack breaks on this machine, in seconds"),
     "env": ("rftstack.env_report", "report the installed stack against the lock and the policy"),
