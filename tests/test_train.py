@@ -51,6 +51,14 @@ def test_two_steps_then_finished(tmp_path, session_head, serve_runner):
     assert session_head.gcs_pid() is not None  # a joined head is not ours to stop
 
 
+def test_reader_timeout_ends_training_with_its_reason(tmp_path, session_head, serve_runner):
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="train_no_more", command="train")
+    assert run.finish() == 0, run.stderr
+    assert run.status()["exit_reason"] == ("training finished after 2 step(s), latest checkpoint step 2 "
+                                           "(no full batch arrived within the reader's max_read_timeout)")  # fmt: skip
+    assert_nothing_left(run)
+
+
 def test_a_failed_step_is_a_failure_although_trinity_exits_0(tmp_path, session_head, serve_runner):
     run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="train_error", command="train")
     assert run.finish() == 1

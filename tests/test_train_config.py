@@ -252,3 +252,27 @@ def test_committed_experiences_are_read_by_the_trainer_reader_complete_and_once(
         assert e["reward"] == pytest.approx(s["reward"])
     # the second commit's experiences come first (the reader takes the newest unconsumed rows)
     assert {e["msg_id"] for e in batches[0]} == set(list(sent)[3:])
+
+
+def test_memory_estimate_for_the_reports_card():
+    """docs/train.md's estimates: a 3B model (3.09e9 parameters) beside a serve at 0.60 of a 48 GB
+    card (49140 MiB, about 19600 MiB left): full fine-tune does not fit, LoRA does."""
+    from rftstack.checks import trainside
+
+    params, free, total = 3_090_000_000, 49140 - int(0.60 * 49140), 49140
+    assert trainside.need_mib(params, lora=False) == 56115 and trainside.need_mib(params, lora=True) == 9555
+    (full,) = trainside.check_memory(params, False, free, total)
+    assert full.status == "fail" and "train with LoRA" in full.fix and "(estimate)" in full.message
+    (lora,) = trainside.check_memory(params, True, free, total)
+    assert lora.status == "ok"
+    (tiny,) = trainside.check_memory(None, False, free, total)
+    assert tiny.status == "warn"
+
+
+def test_count_params_reads_safetensors_headers(tiny_model):
+    from safetensors.torch import load_file
+
+    from rftstack.checks import trainside
+
+    sd = load_file(str(tiny_model / "model.safetensors"))
+    assert trainside.count_params(tiny_model) == sum(t.numel() for t in sd.values()) > 0

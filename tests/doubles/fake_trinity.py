@@ -22,7 +22,8 @@ logs `Training at step N finished.` and writes a checkpoint the way the trainer 
 $FAKE_TRAIN_STEPS steps (default 2) half a second apart, then `Trainer finished.` and exit 0.
 FAKE_TRINITY modes for train: `train_error` (step 2 logs `Error in Trainer:` and a traceback,
 then the trainer exits 0, as Trinity's does), `train_forever` (steps until SIGINT), and
-`ignore_sigint`, `exit_at_start` as above.
+`train_no_more` (after its steps, logs Trinity's `No more samples to train. Stopping training.`,
+what the SQL reader's max_read_timeout ends in), `ignore_sigint`, `exit_at_start` as above.
 """
 
 import http.server
@@ -90,6 +91,8 @@ def train_main(cfg: dict, modes: set) -> int:
     except KeyboardInterrupt:
         print("fake trinity: SIGINT, shutting down", flush=True)
         return 0
+    if "train_no_more" in modes:
+        print("fake trinity: No more samples to train. Stopping training.", flush=True)
     print("fake trinity: > Trainer finished.", flush=True)
     return 0
 
