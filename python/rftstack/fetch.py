@@ -67,10 +67,12 @@ def _stream(url: str, part: Path, offset: int, advance, timeout: float) -> int:
     return offset
 
 
-def download(url: str, dest: Path, sha256: str, size: int | None = None, *, advance=None, retries: int = 4, timeout: float = 60.0) -> str:
+def download(url: str, dest: Path, sha256: str, size: int | None = None, *, advance=None, retries: int = 4, timeout: float = 60.0,
+             source: str = "uv.lock") -> str:
     """Make ``dest`` the file at ``url`` with hash ``sha256``; returns PRESENT, DOWNLOADED or RESUMED.
 
-    ``advance(n)`` is called with the bytes written (negative when a partial file is dropped).
+    ``advance(n)`` is called with the bytes written (negative when a partial file is dropped);
+    ``source`` names where the hash and size come from, in the error sentences.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
@@ -98,7 +100,7 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None, *, adva
             if exc.errno == errno.ENOSPC:
                 raise disk_full(dest, size) from None
             if isinstance(exc, urllib.error.HTTPError) and exc.code in (403, 404, 410):
-                raise UserError(f"{url} answered HTTP {exc.code}; the lock points at a file the index no longer serves, run `uv lock` again") from None
+                raise UserError(f"{url} answered HTTP {exc.code}; {source} points at a file the server no longer serves, update {source}") from None
             attempt += 1
             if attempt > retries:
                 raise UserError(f"downloading {dest.name} failed {attempt} times ({exc}); check the network or proxy and run the same command again to resume") from None
@@ -120,5 +122,8 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None, *, adva
                 advance(-part.stat().st_size)
             part.unlink()
             continue
+        got = part.stat().st_size
         part.unlink()
-        raise UserError(f"{dest.name} from {url} has sha256 {digest}, but uv.lock says {sha256}; the download or the lock is wrong, run `uv lock` again or check the mirror", 1)
+        if size is not None and got != size:
+            raise UserError(f"{dest.name} from {url} is {got} bytes, but {source} says {size}: a truncated or wrong download, nothing was kept; run the same command again or check the mirror", 1)
+        raise UserError(f"{dest.name} from {url} has sha256 {digest}, but {source} says {sha256}; the download or {source} is wrong, check the mirror (or update {source})", 1)
