@@ -54,6 +54,8 @@ def _stream(url: str, part: Path, offset: int, advance, timeout: float) -> int:
             offset = 0  # the server sent the whole file: start over
             if advance:
                 advance(-part.stat().st_size)
+        expected = resp.headers.get("Content-Length")
+        written = 0
         with open(part, "r+b" if offset else "wb") as f:
             f.seek(offset)
             f.truncate()
@@ -62,8 +64,11 @@ def _stream(url: str, part: Path, offset: int, advance, timeout: float) -> int:
                 if not block:
                     break
                 f.write(block)
+                written += len(block)
                 if advance:
                     advance(len(block))
+        if expected and expected.isdigit() and written < int(expected):  # the connection closed early
+            raise http.client.IncompleteRead(b"", int(expected) - written)
     return offset
 
 
@@ -109,7 +114,7 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None, *, adva
         except http.client.HTTPException as exc:
             attempt += 1
             if attempt > retries:
-                raise UserError(f"downloading {dest.name} failed {attempt} times ({exc!r}); run the same command again to resume") from None
+                raise UserError(f"downloading {dest.name} failed {attempt} time(s) ({exc!r}{': the connection closed before the whole file came' if isinstance(exc, http.client.IncompleteRead) else ''}); run the same command again to resume", 1) from None
             time.sleep(min(2**attempt, 15))
             continue
         digest = sha256_file(part)

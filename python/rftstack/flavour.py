@@ -260,8 +260,10 @@ def fetch_all(wheels: list[Wheel], cache: Path, from_dir: Path | None, retries: 
         for n, w in enumerate(wheels, 1):
             progress.set_label(w.filename)
             state = fetch.download(w.url, cache / w.filename, w.sha256, w.size, advance=progress.advance, retries=retries, source=w.source)
+            if w.size is None:  # the policy gives no size: count the file once it is here
+                progress.total += (cache / w.filename).stat().st_size
             if state == fetch.PRESENT:
-                progress.skip(w.size or 0)
+                progress.skip((cache / w.filename).stat().st_size)
             progress.note(f"[{n}/{len(wheels)}] {w.filename} {state}, sha256 ok")
             out[w.filename] = cache / w.filename
     finally:
