@@ -415,3 +415,28 @@ def test_wrong_python_is_refused_in_one_sentence(setup):
     r = run_cli("flavour", "cuda12", "--python", str(s["py"]), "--lock", str(s["lock"]))
     assert r.returncode == 2 and "does not run on CPython" in r.stderr and "Python 3.12" in r.stderr
     assert s["server"].requests == []
+
+
+def test_bundle_build_flavour_cuda12_sends_the_stand_ins_and_no_cuda13(setup, standins, tmp_path):
+    """`bundle build --flavour cuda12` from the test lock and policy: the policy's (stand-in) CUDA 12
+    builds by URL and sha256, the cuda12 group, nothing CUDA 13; a wrong hash is refused."""
+    s = setup
+    out = tmp_path / "bundle"
+    args = ["bundle", "build", "--out", str(out), "--lock", str(s["lock"]), "--flavour", "cuda12", "--policy", str(s["policy"]),
+            "--python", f"{sys.version_info[0]}.{sys.version_info[1]}", "--platform", PLAT, "--exclude", "standin-project",
+            "--exclude", "cuda-bindings", "--exclude", "nvidia-ml-py", "--json"]  # the test lock has no wheels of these two
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["flavour"] == summary["flavour"] == "cuda12"
+    files = {f["dist"]: f for f in manifest["files"]}
+    assert set(files) == {"torch", "torchvision", "torchaudio", "vllm", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12",
+                          "nvidia-cudnn-cu12"}
+    for name in ("torch", "vllm"):
+        assert files[name]["sha256"] == hashlib.sha256(standins["cu12"][name].read_bytes()).hexdigest()
+        assert files[name]["source"].startswith(s["server"].url)
+    write_policy(s["policy"], s["server"], standins["cu12"], sha_override={"torch": "0" * 64})
+    shutil.rmtree(out)
+    r = run_cli(*args)
+    assert r.returncode == 1 and "policy.toml says " + "0" * 64 in r.stderr
