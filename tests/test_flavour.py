@@ -138,7 +138,11 @@ def standins(tmp_path_factory):
     broken = work / "broken"
     broken.mkdir()
     w12_broken_vllm = make_wheel(broken, own["vllm"], "vllm", "0.23.0+cu129", {"vllm/__init__.py": b""}, ["torch==2.11.0"], broken=True)
-    return {"cu13": w13, "cu12": w12, "broken_vllm": w12_broken_vllm, "work": work}
+    odd = work / "odd"
+    odd.mkdir()
+    w12_torch_nccl = make_wheel(odd, own["torch"], "torch", "2.11.0+cu128", {"torch/__init__.py": b""},
+                                [f"nvidia-nccl-cu12==2.28.9{linux}"])  # a requirement the lock's group does not meet
+    return {"cu13": w13, "cu12": w12, "broken_vllm": w12_broken_vllm, "torch_nccl": w12_torch_nccl, "work": work}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -345,7 +349,7 @@ def test_swap_installs_cuda12_removes_cuda13_and_is_idempotent(setup):
     assert snapshot(s["venv"]) == before and len(s["server"].requests) == n_requests
 
 
-@pytest.mark.parametrize("fault", ["hash", "truncated", "install"])
+@pytest.mark.parametrize("fault", ["hash", "truncated", "install", "requirement"])
 def test_failed_swap_leaves_the_environment_as_it_was(setup, standins, fault):
     """A wrong hash and a truncated download are refused before anything changes; an installer
     failure after the CUDA 13 files were moved aside puts them back. One sentence each."""
@@ -354,6 +358,10 @@ def test_failed_swap_leaves_the_environment_as_it_was(setup, standins, fault):
         write_policy(s["policy"], s["server"], standins["cu12"], sha_override={"vllm": "0" * 64})
     elif fault == "truncated":
         s["server"].truncate.add(standins["cu12"]["torch"].name)
+    elif fault == "requirement":  # a build asking for a library the lock's group does not hold
+        wheels = dict(standins["cu12"], torch=standins["torch_nccl"])
+        s["server"].files[standins["torch_nccl"].name] = standins["torch_nccl"]
+        write_policy(s["policy"], s["server"], wheels)
     else:  # the policy's hash matches a stand-in vllm that no installer accepts (no WHEEL file)
         wheels = dict(standins["cu12"], vllm=standins["broken_vllm"])
         s["server"].files[standins["broken_vllm"].name] = standins["broken_vllm"]
@@ -368,6 +376,8 @@ def test_failed_swap_leaves_the_environment_as_it_was(setup, standins, fault):
         assert "sha256" in msg and "0" * 64 in msg and "vllm-0.23.0+cu129" in msg
     elif fault == "truncated":
         assert "torch-2.11.0+cu128" in msg and "IncompleteRead" in msg
+    elif fault == "requirement":
+        assert "torch 2.11.0+cu128 requires nvidia-nccl-cu12==2.28.9, which the swap leaves uninstalled" in msg and "nothing was changed" in msg
     else:
         assert "installing the CUDA 12 wheels failed" in msg and "put back as it was" in msg
     assert snapshot(s["venv"]) == before

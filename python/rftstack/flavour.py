@@ -538,7 +538,7 @@ def run_cuda12(args) -> dict:
         done = {"rewrites": [e for rp in pending_rewrites for e in rp.edits]}
     else:
         done = swap(p, files, dists, target, pol)
-    return result | done | {"state": "swapped", "cuda13_left": cuda13_left(target)}
+    return result | done | {"state": "swapped", "cuda13_left": cuda13_left(target), "next": "rftstack relax"}
 
 
 def render(r: dict) -> str:
@@ -549,8 +549,8 @@ def render(r: dict) -> str:
     for e in r.get("rewrites", []):
         lines.append(f"relaxed: {e}")
     if r["state"] != "dry run":
-        lines.append(f"{r['prefix']} is now the CUDA 12 flavour (driver >= 570); run the stack from it directly "
-                     f"(`.venv/bin/rftstack ...` or `uv run --no-sync ...`), since `uv sync` installs the lock's default (CUDA 13) set")
+        lines.append(f"{r['prefix']} is now the CUDA 12 flavour (driver >= 570); next run `rftstack relax` from it (the policy's patches "
+                     f"for the new torch), and run the stack from it directly (`.venv/bin/rftstack ...`), since `uv sync` installs the lock's default (CUDA 13) set")
     return "\n".join(lines)
 
 
