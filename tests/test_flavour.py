@@ -348,6 +348,16 @@ def test_swap_installs_cuda12_removes_cuda13_and_is_idempotent(setup):
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr
     assert snapshot(s["venv"]) == before and len(s["server"].requests) == n_requests
 
+    # `rftstack env` run by the swapped venv's python: the CUDA 12 flavour, the group expected, nothing missing
+    subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(s["py"]), "packaging"], check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "RFTSTACK_POLICY": str(s["policy"])}
+    rep = subprocess.run([str(s["py"]), "-m", "rftstack", "env", "--json", "--lock", str(s["lock"])], capture_output=True, text=True, env=env)
+    rep = json.loads(rep.stdout)
+    assert rep["flavour"] == "cuda12" and rep["problems"] == [] and rep["counts"]["missing"] == 0
+    assert not [n for n in rep["extra"] if "cu12" in n] and rep["counts"]["flavour"] == 4
+    text = subprocess.run([str(s["py"]), "-m", "rftstack", "env", "--lock", str(s["lock"])], capture_output=True, text=True, env=env).stdout
+    assert "flavour CUDA 12 (policy.toml [cuda12] builds and the lock's cuda12 group, driver >= 570)" in text
+
 
 @pytest.mark.parametrize("fault", ["hash", "truncated", "install", "requirement"])
 def test_failed_swap_leaves_the_environment_as_it_was(setup, standins, fault):
@@ -450,3 +460,23 @@ def test_bundle_build_flavour_cuda12_sends_the_stand_ins_and_no_cuda13(setup, st
     shutil.rmtree(out)
     r = run_cli(*args)
     assert r.returncode == 1 and "policy.toml says " + "0" * 64 in r.stderr
+
+
+def test_uv_run_puts_the_locked_build_back(tmp_path):
+    """Guards an upstream (uv) behaviour the README relies on: after a swap, `uv run` in the project
+    re-syncs and replaces a local-version build (here six 1.17.0+standin, a STAND-IN wheel) with the
+    locked one, and `uv run --no-sync` / the venv's own bin/ do not."""
+    proj = tmp_path / "p"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_text('[project]\nname = "p"\nversion = "0"\nrequires-python = ">=3.11"\n'
+                                         'dependencies = ["six==1.17.0"]\n[tool.uv]\npackage = false\n')
+    subprocess.run(["uv", "sync", "--quiet", "--python", sys.executable], cwd=proj, check=True, capture_output=True)
+    whl = make_wheel(tmp_path, "six-1.17.0+standin-py3-none-any.whl", "six", "1.17.0+standin", {"six.py": b"X = 1\n"})
+    py = proj / ".venv" / "bin" / "python"
+    subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(py), "--no-deps", str(whl)], check=True, capture_output=True)
+    probe = ["python", "-c", "import importlib.metadata as m; print(m.version('six'))"]
+    def version(*cmd):
+        return subprocess.run(list(cmd), cwd=proj, capture_output=True, text=True, check=True).stdout.strip()
+    assert version(str(py), *probe[1:]) == "1.17.0+standin"
+    assert version("uv", "run", "--no-sync", *probe) == "1.17.0+standin"
+    assert version("uv", "run", *probe) == "1.17.0"

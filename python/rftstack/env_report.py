@@ -100,7 +100,7 @@ def expected(lock: lockfile.Lock, pol: policy.Policy, flavour: str) -> dict[str,
         groups += (_flavour.GROUP,)
         exclude = {p.name for p in lock.packages if _flavour.is_cuda13_only(p.name, pol)}
     wanted = lock.resolve(lockfile.current_environment(), groups=groups, exclude=exclude)
-    return {n: p.version for n, p in wanted.items()}
+    return {n: p.version for n, p in wanted.items() if "virtual" not in p.source}  # a virtual root is never installed
 
 
 def report(lock_path=None) -> dict:
