@@ -294,6 +294,7 @@ def test_lock_holds_the_cuda12_group_hashed_and_the_default_sync_set_is_unchange
     default = lock.resolve(env, groups=("dev",))
     assert not [n for n in default if n.endswith("-cu12")]
     assert set(pins) <= set(lock.resolve(env, groups=("dev", "cuda12")))
+    assert set(lock.group(env, "cuda12")) == set(pins)  # the group pulls nothing beyond itself
     exported = subprocess.run(["uv", "export", "--frozen", "--no-hashes", "--format", "requirements-txt", "--project", str(REPO)],
                               capture_output=True, text=True, check=True).stdout
     assert "cu12==" not in exported and "torch==2.11.0" in exported
@@ -480,3 +481,20 @@ def test_uv_run_puts_the_locked_build_back(tmp_path):
     assert version(str(py), *probe[1:]) == "1.17.0+standin"
     assert version("uv", "run", "--no-sync", *probe) == "1.17.0+standin"
     assert version("uv", "run", *probe) == "1.17.0"
+
+
+def test_restore_moves_a_backup_back(setup):
+    """What the failure sentence tells a user to run when undoing failed: `rftstack flavour restore
+    BACKUP` puts every moved file back (and again is a no-op)."""
+    s = setup
+    before = snapshot(s["venv"])
+    target = flavour.probe(str(s["py"]))
+    dists = flavour.installed(target)
+    backup = flavour.back_up([dists["torch"], dists["nvidia-cuda-runtime"]], target)
+    assert snapshot(s["venv"]) != before and "torch" not in flavour.installed(target)
+    r = run_cli("flavour", "restore", str(backup), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["restored"] > 0, r.stderr
+    assert snapshot(s["venv"]) == before
+    assert json.loads(run_cli("flavour", "restore", str(backup), "--json").stdout)["restored"] == 0
+    bad = run_cli("flavour", "restore", str(s["tmp"]))
+    assert bad.returncode == 2 and "is not a flavour backup" in bad.stderr

@@ -90,7 +90,8 @@ def probe(python: str | None) -> Target:
     except OSError as exc:
         raise UserError(f"cannot run --python {exe} ({exc.strerror}); pass the environment's python (e.g. .venv/bin/python)") from None
     if out.returncode != 0:
-        raise UserError(f"--python {exe} did not run ({out.stderr.strip().splitlines()[-1:] or 'no output'}); pass the environment's python")
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"--python {exe} did not run ({last}); pass the environment's python (e.g. .venv/bin/python)")
     d = json.loads(out.stdout)
     return Target(d["executable"], Path(d["prefix"]), tuple(d["version"]), tuple(Path(s) for s in d["sites"]), d["markers"])
 
@@ -162,27 +163,16 @@ def policy_wheels(pol: policy.Policy, supported: set, target: Target) -> list[Wh
 
 def runtime_wheels(lock: lockfile.Lock, target: Target, supported: set) -> list[Wheel]:
     """The lock's cuda12 group and what it pulls, each as the lock's wheel for this target."""
-    from packaging.markers import Marker
-
-    root = lock.root()
-    raw = lock._raw[(root.name, root.version)]
-    edges = list(raw.get("dev-dependencies", {}).get(GROUP, []))
-    if not edges:
+    pkgs = lock.group(target.markers, GROUP)
+    if not pkgs:
         raise UserError(f"{lock.path} has no `{GROUP}` dependency group; use the project's uv.lock (run `uv lock` after pulling)")
-    seen: dict[str, Wheel] = {}
-    while edges:
-        dep = edges.pop()
-        if "marker" in dep and not Marker(dep["marker"]).evaluate(target.markers):
-            continue
-        pkg = lock._find(dep["name"], dep.get("version"))
-        if pkg.name in seen:
-            continue
+    out = []
+    for pkg in pkgs.values():
         art = next((w for w in pkg.wheels if fits(w.filename, supported)), None)
         if art is None:
             raise UserError(f"{lock.path} has no wheel of {pkg.name} {pkg.version} for this machine; run on x86-64 Linux")
-        seen[pkg.name] = Wheel(pkg.name, pkg.version, art.filename, art.url, art.sha256, art.size, "uv.lock")
-        edges += lock._raw[(pkg.name, pkg.version)].get("dependencies", [])
-    return sorted(seen.values(), key=lambda w: w.name)
+        out.append(Wheel(pkg.name, pkg.version, art.filename, art.url, art.sha256, art.size, "uv.lock"))
+    return sorted(out, key=lambda w: w.name)
 
 
 def is_cuda13_only(name: str, pol: policy.Policy) -> bool:
@@ -347,21 +337,25 @@ def check_requirements(p: Plan, files: dict[str, Path], dists: dict[str, md.Dist
 
 
 def _files_of(dist: md.Distribution) -> list[Path]:
-    out = []
+    """Every file RECORD lists that exists, plus anything else in its .dist-info folder."""
+    out: list[Path] = []
+    dist_info: Path | None = None
     for f in dist.files or ():
         path = Path(os.path.normpath(dist.locate_file(f)))
-        if path.is_file() or path.is_symlink():
+        if str(f).endswith(".dist-info/RECORD"):
+            dist_info = path.parent
+        if (path.is_file() or path.is_symlink()) and path not in out:
             out.append(path)
-    dist_info = Path(str(dist._path)) if hasattr(dist, "_path") else None  # noqa: SLF001 - RECORD may omit itself
-    if dist_info and dist_info.is_dir():
-        out += [p for p in dist_info.rglob("*") if (p.is_file() or p.is_symlink()) and p not in out]
+    if dist_info is not None and dist_info.is_dir():
+        out += [p for p in sorted(dist_info.rglob("*")) if (p.is_file() or p.is_symlink()) and p not in out]
     return out
 
 
 def back_up(dists: list[md.Distribution], target: Target) -> Path:
     """Move every file of ``dists`` under ``prefix/BACKUP_DIR/<time>/``; returns that folder.
 
-    moved.json (written before the first move) maps each original path to its backup path."""
+    moved.json (written before the first move) maps each original path to its backup path; a
+    failure half-way moves back what was moved."""
     root = target.prefix / BACKUP_DIR / time.strftime("%Y%m%d-%H%M%S")
     n = 0
     while root.exists():
@@ -373,9 +367,17 @@ def back_up(dists: list[md.Distribution], target: Target) -> Path:
         for i, src in enumerate(_files_of(d)):
             pairs.append([str(src), str(root / "files" / policy.canonical(d.metadata["Name"]) / f"{i:06d}-{src.name}")])
     (root / MOVED).write_text(json.dumps({"python": target.python, "moved": pairs}, indent=0))
-    for src, dst in pairs:
-        Path(dst).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(src, dst)
+    try:
+        for src, dst in pairs:
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+    except BaseException as exc:
+        restore(root)
+        shutil.rmtree(root, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise UserError(f"moving the CUDA 13 files aside under {root.parent} failed ({exc.strerror}); nothing was changed, "
+                            f"free space or fix the permissions and run the same command again", 1) from None
+        raise
     for src, _ in pairs:  # prune directories the move left empty (namespace packages would see them)
         parent = Path(src).parent
         while parent not in target.sites and parent != target.prefix:
@@ -439,6 +441,7 @@ def swap(p: Plan, files: dict[str, Path], dists: dict[str, md.Distribution], tar
     backup = back_up([dists[n] for n, _ in p.remove], target)
     _log(f"moved {len(p.remove)} distributions aside into {backup}")
     try:
+        _log(f"installing {len(p.install)} wheels into {target.prefix}")
         cmd = installer(target) + [str(files[w.filename]) for w in p.install]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
@@ -447,6 +450,7 @@ def swap(p: Plan, files: dict[str, Path], dists: dict[str, md.Distribution], tar
         plans = relax.plan_rewrites(list(target.sites), pol)
         for rp in plans:
             relax.apply(rp)
+        _log("checking: ELF dependencies of the environment, `pip check`")
         left = cuda13_left(target)
         if left:
             raise UserError(f"after the swap {', '.join(left[:3])} still need CUDA 13; add them to policy.toml [[cuda12.drop]] or give them a CUDA 12 build", 1)
