@@ -457,6 +457,11 @@ def test_bundle_build_flavour_cuda12_sends_the_stand_ins_and_no_cuda13(setup, st
     for name in ("torch", "vllm"):
         assert files[name]["sha256"] == hashlib.sha256(standins["cu12"][name].read_bytes()).hexdigest()
         assert files[name]["source"].startswith(s["server"].url)
+    # a driver-570 environment that has the CUDA 13 builds: the bundle's download cache is a --from DIR
+    n_requests = len(s["server"].requests)
+    r = run_cli(*swap_args(s, "--from", str(out / ".files" / "wheels")))
+    assert r.returncode == 0, r.stderr
+    assert len(s["server"].requests) == n_requests
     write_policy(s["policy"], s["server"], standins["cu12"], sha_override={"torch": "0" * 64})
     shutil.rmtree(out)
     r = run_cli(*args)
