@@ -343,6 +343,7 @@ def test_swap_installs_cuda12_removes_cuda13_and_is_idempotent(setup):
     check = subprocess.run(["uv", "pip", "check", "--python", str(s["py"])], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert not (s["venv"] / flavour.BACKUP_DIR).exists() or not any((s["venv"] / flavour.BACKUP_DIR).iterdir())
+    assert not (s["venv"] / flavour.CACHE_DIR).exists()  # the default download cache goes after success
 
     before, n_requests = snapshot(s["venv"]), len(s["server"].requests)
     again = run_cli(*swap_args(s))
@@ -404,6 +405,15 @@ def test_from_dir_needs_every_file_and_then_downloads_nothing(setup, standins):
     r = run_cli(*swap_args(s, "--from", str(d)))
     assert r.returncode == 2 and f"--from {d} has no {standins['cu12']['nvidia-cudnn-cu12'].name}" in r.stderr
     assert snapshot(s["venv"]) == before
+    (d / standins["cu12"]["nvidia-cudnn-cu12"].name).write_bytes(b"not the wheel")
+    r = run_cli(*swap_args(s, "--from", str(d)))
+    assert r.returncode == 1 and "is 13 bytes, but uv.lock says" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert snapshot(s["venv"]) == before
+    shutil.copy(standins["cu12"]["vllm"], d / standins["cu12"]["torch"].name)  # right size nowhere, wrong file
+    r = run_cli(*swap_args(s, "--from", str(d)))
+    assert r.returncode == 1 and "has sha256" in r.stderr and "but policy.toml says" in r.stderr
+    assert snapshot(s["venv"]) == before
+    shutil.copy(standins["cu12"]["torch"], d)
     shutil.copy(standins["cu12"]["nvidia-cudnn-cu12"], d)
     r = run_cli(*swap_args(s, "--from", str(d)))
     assert r.returncode == 0, r.stderr

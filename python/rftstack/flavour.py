@@ -42,6 +42,7 @@ CUDA12 = "cuda12"
 GROUP = "cuda12"  # the dependency group of pyproject.toml / uv.lock with the CUDA 12 runtime libraries
 BACKUP_DIR = ".rftstack-flavour-backup"
 MOVED = "moved.json"
+CACHE_DIR = ".rftstack-flavour-cache"  # default download cache, under the prefix; kept after a failure (resume), removed after success
 # ELF sonames that must not be needed by anything in the CUDA 12 flavour (checks/elf.py decides majors)
 NOTHING_TO_DO = "nothing to do"
 
@@ -504,7 +505,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c = sub.add_parser(CUDA12, help="swap in the policy's CUDA 12 builds (driver 570) and the lock's CUDA 12 runtime libraries")
     c.add_argument("--python", help="the environment's python (default: the one running rftstack)")
     c.add_argument("--from", dest="from_dir", type=Path, metavar="DIR", help="take the files from DIR (pre-downloaded) instead of downloading; each is size- and sha256-checked")
-    c.add_argument("--cache", type=Path, help="where downloads are kept (default: PREFIX/.rftstack-flavour-cache)")
+    c.add_argument("--cache", type=Path, help=f"where downloads are kept (default: PREFIX/{CACHE_DIR}, removed after a successful swap)")
     c.add_argument("--lock", help="the project's uv.lock (default: the one next to rftstack's sources)")
     c.add_argument("--policy", help="policy file (default: the one shipped with rftstack)")
     c.add_argument("--retries", type=int, default=4, help="download attempts after the first (default 4)")
@@ -534,7 +535,8 @@ def run_cuda12(args) -> dict:
         return result | {"state": NOTHING_TO_DO, "cuda13_left": left}
     if args.dry_run:
         return result | {"state": "dry run"}
-    files = fetch_all(p.install, args.cache or target.prefix / ".rftstack-flavour-cache", args.from_dir, args.retries) if p.install else {}
+    cache = args.cache or target.prefix / CACHE_DIR
+    files = fetch_all(p.install, cache, args.from_dir, args.retries) if p.install else {}
     check_requirements(p, files, dists, target, pol)
     if p.empty:  # only the metadata rewrites are pending
         for rp in pending_rewrites:
@@ -542,6 +544,8 @@ def run_cuda12(args) -> dict:
         done = {"rewrites": [e for rp in pending_rewrites for e in rp.edits]}
     else:
         done = swap(p, files, dists, target, pol)
+    if args.cache is None and args.from_dir is None:  # the default cache lives in the environment: GBs nobody needs now
+        shutil.rmtree(cache, ignore_errors=True)
     return result | done | {"state": "swapped", "cuda13_left": cuda13_left(target), "next": "rftstack relax"}
 
 
