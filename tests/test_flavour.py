@@ -142,7 +142,11 @@ def standins(tmp_path_factory):
     odd.mkdir()
     w12_torch_nccl = make_wheel(odd, own["torch"], "torch", "2.11.0+cu128", {"torch/__init__.py": b""},
                                 [f"nvidia-nccl-cu12==2.28.9{linux}"])  # a requirement the lock's group does not meet
-    return {"cu13": w13, "cu12": w12, "broken_vllm": w12_broken_vllm, "torch_nccl": w12_torch_nccl, "work": work}
+    w12_vllm_cu13 = make_wheel(odd, own["vllm"], "vllm", "0.23.0+cu129", {"vllm/__init__.py": b"", "vllm/_C.abi3.so": so["user13"]},
+                               ["torch==2.11.0"])  # a "CUDA 12" build that links libcudart.so.13
+    xformers13 = make_wheel(odd, f"xformers-0.0.33-{TAG}-{TAG}-{PLAT}.whl", "xformers", "0.0.33", {"xformers/_C.so": so["user13"]})
+    return {"cu13": w13, "cu12": w12, "broken_vllm": w12_broken_vllm, "torch_nccl": w12_torch_nccl, "vllm_cu13": w12_vllm_cu13,
+            "xformers13": xformers13, "work": work}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -361,7 +365,7 @@ def test_swap_installs_cuda12_removes_cuda13_and_is_idempotent(setup):
     assert "flavour CUDA 12 (policy.toml [cuda12] builds and the lock's cuda12 group, driver >= 570)" in text
 
 
-@pytest.mark.parametrize("fault", ["hash", "truncated", "install", "requirement"])
+@pytest.mark.parametrize("fault", ["hash", "truncated", "install", "requirement", "elf-new", "elf-staying"])
 def test_failed_swap_leaves_the_environment_as_it_was(setup, standins, fault):
     """A wrong hash and a truncated download are refused before anything changes; an installer
     failure after the CUDA 13 files were moved aside puts them back. One sentence each."""
@@ -370,6 +374,13 @@ def test_failed_swap_leaves_the_environment_as_it_was(setup, standins, fault):
         write_policy(s["policy"], s["server"], standins["cu12"], sha_override={"vllm": "0" * 64})
     elif fault == "truncated":
         s["server"].truncate.add(standins["cu12"]["torch"].name)
+    elif fault == "elf-new":  # installed, then found to link libcudart.so.13: uninstalled, CUDA 13 files moved back
+        wheels = dict(standins["cu12"], vllm=standins["vllm_cu13"])
+        s["server"].files[standins["vllm_cu13"].name] = standins["vllm_cu13"]
+        write_policy(s["policy"], s["server"], wheels)
+    elif fault == "elf-staying":  # a CUDA 13 extension the policy knows nothing about: refused before anything changes
+        subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(s["py"]), "--no-deps", "--no-index", str(standins["xformers13"])],
+                       check=True, capture_output=True)
     elif fault == "requirement":  # a build asking for a library the lock's group does not hold
         wheels = dict(standins["cu12"], torch=standins["torch_nccl"])
         s["server"].files[standins["torch_nccl"].name] = standins["torch_nccl"]
@@ -388,6 +399,11 @@ def test_failed_swap_leaves_the_environment_as_it_was(setup, standins, fault):
         assert "sha256" in msg and "0" * 64 in msg and "vllm-0.23.0+cu129" in msg
     elif fault == "truncated":
         assert "torch-2.11.0+cu128" in msg and "IncompleteRead" in msg
+    elif fault == "elf-new":
+        assert "vllm 0.23.0+cu129 (vllm/_C.abi3.so needs libcudart.so.13)" in msg and "put back as it was" in msg
+    elif fault == "elf-staying":
+        assert "xformers 0.0.33 (xformers/_C.so needs libcudart.so.13) would still need CUDA 13" in msg and "nothing was changed" in msg
+        assert s["server"].requests == []
     elif fault == "requirement":
         assert "torch 2.11.0+cu128 requires nvidia-nccl-cu12==2.28.9, which the swap leaves uninstalled" in msg and "nothing was changed" in msg
     else:

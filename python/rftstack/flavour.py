@@ -422,11 +422,22 @@ def pip_check(target: Target) -> list[str]:
     return [l for l in lines if not l.startswith(("Checked ", "Found ", "Using Python"))]
 
 
-def cuda13_left(target: Target) -> list[str]:
+def cuda13_left(target: Target, keep=None) -> list[str]:
+    """Distributions of the target whose ELF files need a CUDA 13 library (``keep``: only those names)."""
     from rftstack.checks import elf
 
-    found = elf.scan(md.distributions(path=[str(s) for s in target.sites]))
-    return [f"{d.dist} {d.version} ({d.example} needs {d.lib})" for d in found if d.cuda_major >= 13]
+    dists = [d for d in md.distributions(path=[str(s) for s in target.sites])
+             if keep is None or policy.canonical(d.metadata["Name"] or "") in keep]
+    return [f"{d.dist} {d.version} ({d.example} needs {d.lib})" for d in elf.scan(dists) if d.cuda_major >= 13]
+
+
+def check_staying(p: Plan, dists: dict[str, md.Distribution], target: Target) -> None:
+    """Refuse, before anything changes, when a distribution the swap keeps needs CUDA 13."""
+    removed = {n for n, _ in p.remove}
+    left = cuda13_left(target, keep={n for n in dists if n not in removed})
+    if left:
+        raise UserError(f"{', '.join(left[:3])} would still need CUDA 13 after the swap and the policy has no CUDA 12 build of it; "
+                        f"nothing was changed: uninstall it, or add it to policy.toml [[cuda12.drop]]", 1)
 
 
 def _uninstall(names: list[str], target: Target) -> None:
@@ -454,7 +465,8 @@ def swap(p: Plan, files: dict[str, Path], dists: dict[str, md.Distribution], tar
         _log("checking: ELF dependencies of the environment, `pip check`")
         left = cuda13_left(target)
         if left:
-            raise UserError(f"after the swap {', '.join(left[:3])} still need CUDA 13; add them to policy.toml [[cuda12.drop]] or give them a CUDA 12 build", 1)
+            raise UserError(f"after the swap {', '.join(left[:3])} still need CUDA 13, so a CUDA 12 build is not what the policy says it is; "
+                            f"check the file's source (or policy.toml)", 1)
         new_lines = [l for l in pip_check(target) if l not in before_check]
         if new_lines:
             raise UserError(f"after the swap `pip check` says: {'; '.join(new_lines[:3])}", 1)
@@ -533,6 +545,7 @@ def run_cuda12(args) -> dict:
     if p.empty and not pending_rewrites:
         left = cuda13_left(target)
         return result | {"state": NOTHING_TO_DO, "cuda13_left": left}
+    check_staying(p, dists, target)
     if args.dry_run:
         return result | {"state": "dry run"}
     cache = args.cache or target.prefix / CACHE_DIR
