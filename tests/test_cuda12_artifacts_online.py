@@ -1,6 +1,6 @@
 """The real CUDA 12 builds of policy.toml, on a machine that reaches download.pytorch.org and GitHub.
 
-Opt-in (they are about 3.5 GiB): RFTSTACK_CUDA12_ARTIFACTS=DIR (a download cache, resumable);
+Opt-in (large downloads): RFTSTACK_CUDA12_ARTIFACTS=DIR (a download cache, resumable);
 skipped otherwise. Our build machines cannot reach those hosts, so this has not run here. Checks
 what `rftstack flavour cuda12` would find on the real files before it changes anything: each
 file's sha256 (the fetcher), every Requires-Dist of the four builds (after the policy's
