@@ -43,7 +43,6 @@ GROUP = "cuda12"  # the dependency group of pyproject.toml / uv.lock with the CU
 BACKUP_DIR = ".rftstack-flavour-backup"
 MOVED = "moved.json"
 CACHE_DIR = ".rftstack-flavour-cache"  # default download cache, under the prefix; kept after a failure (resume), removed after success
-# ELF sonames that must not be needed by anything in the CUDA 12 flavour (checks/elf.py decides majors)
 NOTHING_TO_DO = "nothing to do"
 
 _PROBE = r"""
