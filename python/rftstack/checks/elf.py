@@ -147,7 +147,8 @@ def check(found: list[DistCuda], max_cuda: tuple[int, int] | None, driver_versio
             out.append(Finding(
                 f"elf.{d.dist}", FAIL,
                 f"{needs}, but driver {driver_version} supports CUDA <= {gpu_check.fmt_cuda(max_cuda)}, so importing it fails with `ImportError: {d.lib}`.",
-                f"Install {build}, e.g. the flake's default package (`nix run .#serve`), or upgrade the driver to >= {gpu_check.min_driver_for_cuda((d.cuda_major, 0))}.",
+                f"Install {build}: `rftstack flavour cuda12` swaps it into this environment (or use the flake's default package, "
+                f"`nix run .#serve`), or upgrade the driver to >= {gpu_check.min_driver_for_cuda((d.cuda_major, 0))}.",
                 data,
             ))
         else:
@@ -161,7 +162,8 @@ def check(found: list[DistCuda], max_cuda: tuple[int, int] | None, driver_versio
             out.append(Finding(
                 "elf.nvidia", FAIL,
                 f"The NVIDIA libraries are CUDA {top} ({names}), but driver {driver_version} supports CUDA <= {gpu_check.fmt_cuda(max_cuda)}.",
-                f"Use the CUDA {max_cuda[0]} flavour, whose libraries come from the CUDA 12.8 package set: the flake's default package (`nix run .#serve`).",
+                f"Use the CUDA {max_cuda[0]} flavour: `rftstack flavour cuda12` swaps it into this environment (the nvidia-*-cu12 "
+                f"libraries of uv.lock's cuda12 group), or the flake's default package (`nix run .#serve`).",
                 data,
             ))
         else:
