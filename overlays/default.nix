@@ -16,7 +16,7 @@ let
   patchTool = {
     tool = builtins.path {
       name = "rftstack-patch-tool";
-      path = ../python/rftstack;
+      path = ../python/rftstack/stack;
       filter = path: _type: builtins.elem (builtins.baseNameOf path) [ "patches.py" "policy.py" ];
     };
     policyFile = builtins.path { name = "policy.toml"; path = ../python/rftstack/data/policy.toml; };
