@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI for the Nix side, runnable offline on a machine with no nixpkgs and no fetched inputs:
-#   1. installs Nix from ../shared/tools/install-nix.sh when `nix` is missing;
+#   1. installs Nix with .ci/install-nix.sh (a private prefix) when `nix` is missing;
 #   2. parses every .nix file of the repository (nix-instantiate --parse);
 #   3. runs the Nix-level tests and the evaluation invariants (nix/tests/run.nix);
 #   4. runs nix/scripts/dist-info-edit.sh with the commands nix/lib generates from policy.toml on
@@ -11,14 +11,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
 if ! command -v nix-instantiate >/dev/null; then
-  if [ -x /opt/nix-trixie/usr/bin/nix-instantiate ]; then
-    export PATH=/opt/nix-trixie/usr/bin:$PATH
-  else
-    installer=$repo/../shared/tools/install-nix.sh
-    [ -f "$installer" ] || { echo "nix is missing and $installer does not exist"; exit 1; }
-    line=$(bash "$installer" | tail -n1) || { echo "installing Nix failed"; exit 1; }
-    eval "$line"
-  fi
+  exports=$(bash "$repo/.ci/install-nix.sh" | grep '^export ') || { echo "installing Nix with .ci/install-nix.sh failed"; exit 1; }
+  eval "$exports"
 fi
 NIX=(nix --extra-experimental-features 'nix-command flakes')
 

@@ -1,42 +1,22 @@
 """The flake's own checks, run with real Nix: every .nix file parses, the Nix-level tests of
 nix/lib (policy and lock -> overlay decisions) and the closure invariants hold.
 
-`.ci/run` installs Nix first (../shared/tools/install-nix.sh); elsewhere this skips when Nix is
-absent, except under CI=true, where a missing Nix is a failure.
+Nix comes from PATH or the project's installer (.ci/install-nix.sh, tests/nix_helpers.py); without
+it this skips, except under CI=true, where the installer runs and a missing Nix is a failure.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-from pathlib import Path
-
-import pytest
 
 from conftest import REPO
-
-NIX_DIRS = [Path("/opt/nix-trixie/usr/bin")]
-
-
-def _nix_path() -> str | None:
-    if shutil.which("nix-instantiate"):
-        return os.environ["PATH"]
-    for d in NIX_DIRS:
-        if (d / "nix-instantiate").exists():
-            return f"{d}:{os.environ['PATH']}"
-    return None
+from nix_helpers import nix_env
 
 
 def test_flake_checks_pass():
-    path = _nix_path()
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("Nix is not installed on this CI machine; .ci/run installs it with ../shared/tools/install-nix.sh")
-        pytest.skip("Nix is not installed (bash ../shared/tools/install-nix.sh installs it)")
     r = subprocess.run(["bash", str(REPO / "nix" / "ci-check.sh")], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PATH": path}, cwd=REPO)
+                       env=nix_env(), cwd=REPO)
     out = r.stdout + r.stderr
     m = re.search(r"^(\d+) passed, (\d+) failed$", out, re.M)
     assert m, out[-3000:]
