@@ -34,6 +34,7 @@ if [ -x "$prefix/usr/bin/nix" ] && [ -f "$confdir/nix.conf" ] \
   exit 0
 fi
 
+mkdir -p "$prefix" 2>/dev/null && [ -w "$prefix" ] || { echo "install-nix: cannot create or write $prefix; set NIX_PREFIX to a writable folder." >&2; exit 1; }
 for tool in apt-get apt-cache dpkg-deb; do
   command -v "$tool" >/dev/null || { echo "install-nix: $tool is missing; this script needs a Debian-based machine (Debian 12 is what CI runs)." >&2; exit 1; }
 done
