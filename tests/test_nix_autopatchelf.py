@@ -52,7 +52,7 @@ def test_cuda13_flavour_resolves_every_needed_library(flake_plan, site):
     report = autopatchelf.unresolved(site, flake_plan["plan"]["cuda13"], flake_plan["libraries"], sys.version_info.minor)
     assert not report.missing, _sentence(report)
     # not vacuous: the CUDA binaries were among the files resolved
-    assert {"torch", "vllm", "torchvision", "nvidia-cusolver", "flashinfer-python"} - set(report.dists) <= {"flashinfer-python"}
+    assert {"torch", "vllm", "torchvision", "torchaudio", "nvidia-cusolver"} <= set(report.dists)
     assert report.files > 300, report.files
 
 
