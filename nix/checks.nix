@@ -36,17 +36,17 @@ let
 in
 assert failed == [ ] || throw "rftstack: ${sentence}";
 {
- checks = {
-  nix-tests = passIf "rftstack-nix-tests" (builtins.filter (r: lib.hasPrefix "tests." r.name) results);
-  invariants = passIf "rftstack-invariants" (import ./lib/invariants.nix rs);
+  checks = {
+    nix-tests = passIf "rftstack-nix-tests" (builtins.filter (r: lib.hasPrefix "tests." r.name) results);
+    invariants = passIf "rftstack-invariants" (import ./lib/invariants.nix rs);
 
-  unit = pkgs.runCommand "rftstack-unit-tests" { nativeBuildInputs = [ testEnv ]; } ''
-    cp -r ${src} source && chmod -R u+w source && cd source
-    export HOME=$TMPDIR
-    python -m pytest -q -p no:cacheprovider -m "not gpu and not slow" tests
-    touch $out
-  '';
- };
+    unit = pkgs.runCommand "rftstack-unit-tests" { nativeBuildInputs = [ testEnv ]; } ''
+      cp -r ${src} source && chmod -R u+w source && cd source
+      export HOME=$TMPDIR
+      python -m pytest -q -p no:cacheprovider -m "not gpu and not slow" tests
+      touch $out
+    '';
+  };
 
   gpuCheck =
     pkgs.runCommand "rftstack-gpu-tests"
