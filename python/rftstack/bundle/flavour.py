@@ -419,7 +419,7 @@ def pip_check(target: Target) -> list[str]:
 
 def cuda13_left(target: Target, keep=None) -> list[str]:
     """Distributions of the target whose ELF files need a CUDA 13 library (``keep``: only those names)."""
-    from rftstack.doctor.checks import elf
+    from rftstack.stack import elf
 
     dists = [d for d in md.distributions(path=[str(s) for s in target.sites])
              if keep is None or policy.canonical(d.metadata["Name"] or "") in keep]
