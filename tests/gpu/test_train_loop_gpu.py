@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ServeRun, rftstack_env
+from helpers import ServeRun, rftstack_env
 from gpu_helpers import gpu_memory_used_mib, has_gpu, memory_back_after, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -123,7 +123,7 @@ class Loop:
 
     def sample_numpy(self) -> None:
         """numpy as loaded by the train run's processes (/proc/PID/maps -> the dist-info beside it)."""
-        from rftstack import supervisor
+        from rftstack.run import supervisor
 
         for tag in self.train.tags():
             for p in supervisor.tagged(tag):
@@ -138,7 +138,7 @@ class Loop:
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory):
-    from rftstack import report_config, supervisor, tinymodel, train_config
+    from rftstack.run import report_config, supervisor, tinymodel, train_config
 
     tmp = tmp_path_factory.mktemp("train-loop")
     model = tinymodel.ensure(tmp / "tiny")
@@ -225,7 +225,7 @@ def test_greedy_output_changed_at_each_reload(loop):
 
 def test_reload_times_from_the_serve_log(loop):
     """Trinity logs `Model 0 begins synchronization` and `Model 0 synchronized to version N` (second resolution)."""
-    from rftstack import serve_config
+    from rftstack.run import serve_config
 
     logs = [loop.serve.run_dir / "logs" / "trinity.log", *sorted((Path(serve_config.job_dir(loop.config)) / "log").rglob("*.log"))]
     text = "\n".join(p.read_text(errors="replace") for p in logs if p.is_file())
@@ -239,7 +239,7 @@ def test_reload_times_from_the_serve_log(loop):
 def test_training_metrics_are_finite(loop):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rftstack import serve_config
+    from rftstack.run import serve_config
 
     tb = Path(serve_config.job_dir(loop.config)) / "monitor" / "tensorboard"
     files = [p for p in tb.rglob("events.out.tfevents.*")]
@@ -277,7 +277,7 @@ def test_no_experience_trained_twice(loop):
 
 
 def test_train_stopped_cleanly(loop):
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     st = json.loads((loop.train.run_dir / "status.json").read_text())
     assert st["phase"] == "stopped" and st["exit_code"] == 0 and st["latest_step"] == 2, st
@@ -285,7 +285,7 @@ def test_train_stopped_cleanly(loop):
 
 
 def test_serve_stops_and_the_gpu_memory_comes_back(loop):
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     tags = loop.serve.tags()
     loop.serve.proc.send_signal(signal.SIGINT)
