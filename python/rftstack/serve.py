@@ -255,10 +255,13 @@ class Serve:
             token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
             if not token:
                 raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
+            self._preflight(None)
             self._preflight(str(preflight))
         else:
-            # an own head starts while the preflight runs (both take seconds; neither needs the
-            # other): the head is stopped again by the teardown if the preflight fails
+            # the machine first (a second or two; nothing is started for a machine that cannot
+            # serve), then an own head starts while the config checks run (both take seconds;
+            # neither needs the other): the teardown stops the head if they fail
+            self._preflight(None)
             with HeadStarter(self, args.num_gpus) as starter:
                 self._preflight(str(preflight))
             self.head = starter.result()
@@ -396,21 +399,28 @@ class Serve:
         self.say(f"no -c given: serving the embedded default (tiny model {model}), config {self.run.user_config}")
         return cfg, str(self.run.user_config)
 
-    def _preflight(self, config_path: str) -> None:
+    def _preflight(self, config_path: str | None) -> None:
+        """The doctor's machine groups (``config_path`` None), or everything else about the config."""
         self.phase("preflight")
         if self.args.skip_doctor:
-            self.say("preflight skipped (--skip-doctor)")
+            if config_path is None:
+                self.say("preflight skipped (--skip-doctor)")
             return
         try:
-            from rftstack.doctor import collect
+            from rftstack.doctor import CHECKS, MACHINE, collect
         except ImportError as exc:
             raise UserError(
                 f"the preflight checks (rftstack.doctor) are not in this install ({exc}); update rftstack, or pass --skip-doctor to serve without them"
             ) from None
         from rftstack.findings import FAIL, render
 
-        self.say("preflight: rftstack doctor")
-        findings = collect(config_path, progress=lambda m: self.say(f"  {m}"))
+        if config_path is None:
+            self.say("preflight: rftstack doctor (this machine)")
+            skip = set(CHECKS) - set(MACHINE)
+        else:
+            self.say("preflight: rftstack doctor (the config)")
+            skip = set(MACHINE)
+        findings = collect(config_path, skip=skip, progress=lambda m: self.say(f"  {m}"))
         text = render(findings)
         if text:
             for line in text.splitlines():
