@@ -168,3 +168,28 @@ def test_serve_refuses_what_cannot_carry_the_key(tmp_path, tiny_model, argv, say
     assert r.returncode == 2 and says in r.stdout + r.stderr, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "run" / "ray").exists()
     assert not list((tmp_path).rglob(apikey.FILE_NAME))
+
+
+def test_serve_expose_makes_the_key_once_and_keeps_it_out_of_its_files(tmp_path, serve_runner):
+    """Two `rftstack serve --expose` on the same checkpoint root (trinity is the fake_trinity TEST
+    DOUBLE: the real proxy's side is tested above): the first makes the key and shows it once on
+    the terminal with client lines, the second says it is kept and does not show it; the key is in
+    no file of either run directory or the checkpoint root other than its own."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"mode: serve\nmodel:\n  model_path: /models/m\ncluster: {{node_num: 1, gpu_per_node: 1}}\n"
+                   f"checkpoint_root_dir: {tmp_path / 'data'}\nexplorer: {{}}\n")
+    texts = []
+    for _ in range(2):
+        run = serve_runner(["--skip-doctor", "--expose", "--port", "0", "--num-gpus", "0", "-c", str(cfg)])
+        assert run.wait_event("ready", timeout=400), (run.finish(), run.stderr_text())
+        run.proc.send_signal(2)
+        assert run.finish() == 0
+        texts.append(run.stderr)
+    (key_file,) = list((tmp_path / "data").rglob(apikey.FILE_NAME))
+    key = key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert texts[0].count(key) == 2 and f"OPENAI_API_KEY={key}" in texts[0] and f"Authorization: Bearer {key}" in texts[0]
+    assert key not in texts[1] and "kept from the first start" in texts[1]
+    files = [p for d in (tmp_path / "run0", tmp_path / "run1", tmp_path / "data") for p in d.rglob("*")
+             if p.is_file() and not p.is_symlink() and p != key_file]
+    assert len(files) > 5 and [p for p in files if key.encode() in p.read_bytes()] == []
