@@ -91,6 +91,9 @@ def test_environment_decisions():
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in env
     env, _ = serve_config.environment({"VLLM_USE_FLASHINFER_SAMPLER": "1"}, ray_env=ray_env, tag="t", nvcc=None)
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+    # --expose opens the proxy only: the engines' hosts and the rendezvous stay on loopback
+    exposed, _ = serve_config.environment({}, ray_env=ray_env, tag="t", nvcc=None, expose=True)
+    assert (exposed["VLLM_HOST_IP"], exposed["GLOO_SOCKET_IFNAME"], exposed["NCCL_SOCKET_IFNAME"]) == ("127.0.0.1", "lo", "lo")
 
 
 TRINITY_CHECK = r"""
