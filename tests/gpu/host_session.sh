@@ -66,6 +66,7 @@ for step in "${steps[@]}"; do
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
+        expose) pytest_gpu expose test_expose_gpu.py ;;
         gap) wait; python3 bench/silent_gap.py --out "$LOGS/gap" --ready-url http://127.0.0.1:8123/v1/models --timeout 400 \
                  -- vllm serve /tmp/bench/tiny --host 127.0.0.1 --port 8123 --gpu-memory-utilization 0.6 ;;
         gap-trinity) wait; python3 -m rftstack example-config /tmp/bench/tiny -o /tmp/gap-trinity.yaml

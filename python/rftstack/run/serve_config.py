@@ -189,7 +189,7 @@ def warnings(cfg: dict, *, expose: bool) -> list[str]:
         port = get(cfg, "explorer.proxy_port")
         out.append(
             f"--expose: the proxy listens on {host}:{port}; anyone who can reach this machine on that port can "
-            "generate with the model and write training data (/feedback, /commit); there is no authentication"
+            "generate with the model and write training data (/feedback, /commit) if it has the API key"
         )
     return out
 
