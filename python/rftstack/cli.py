@@ -17,7 +17,8 @@ from rftstack.errors import UserError
 # name -> (module, one-line summary). Summaries live here so `rftstack --help` imports nothing.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rftstack.serve", "preflight, a loopback Ray head, then Trinity serve mode, supervised"),
-    "ray-head": ("rftstack.ray_head", "start/stop a Ray head bound to loopback with token auth"),
+    "ray-head": ("rftstack.ray_head", "start/stop a Ray head with token auth, on loopback or (--listen) a private address"),
+    "ray-worker": ("rftstack.ray_worker", "start/stop a Ray worker node that joins a head with its token"),
     "doctor": ("rftstack.doctor", "find every known way this stack breaks on this machine, in seconds"),
     "env": ("rftstack.env_report", "report the installed stack against the lock and the policy"),
     "relax": ("rftstack.relax", "apply the policy's metadata relaxations so `pip check` is clean"),

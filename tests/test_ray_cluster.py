@@ -1,0 +1,122 @@
+"""A real two-node Ray cluster on a private network of namespaces made by the test (root only):
+`rftstack ray-head --listen` in one, `rftstack ray-worker` in the other.
+
+Shown here: a worker without the token is refused by rftstack before anything starts; one with a
+wrong token is refused by Ray itself (its GCS answers InvalidAuthToken to the `ray start` of the
+node; guards an upstream behaviour); with the token it joins and a driver sees two nodes; every
+listening socket of the cluster is on the node's private address or loopback, or on a wildcard
+address that reaches only those two (the namespace has no other interface): Ray 2.60 binds its
+gRPC servers to the wildcard, and rftstack reports exactly those ports; stopping the worker and
+then the head leaves no process in either namespace.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import rftstack_env
+from netns_helpers import PrivateNet, unavailable
+
+pytestmark = pytest.mark.slow
+
+WILDCARD = ("0.0.0.0", "::")
+
+
+@pytest.fixture
+def net(request, tmp_path):
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    net = PrivateNet(2)
+    temp_dirs: list[str] = []
+    net.temp_dirs = temp_dirs
+
+    def cleanup():
+        net.destroy()
+        for d in temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    request.addfinalizer(cleanup)
+    return net
+
+
+def cli(net, ns, *args, env, timeout=300):
+    return subprocess.run(net.cmd(ns, [sys.executable, "-m", "rftstack", *args]), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def node_addresses(l) -> str:
+    ip = l.address
+    return ip[7:] if ip.startswith("::ffff:") else ip
+
+
+def test_two_nodes_token_private_sockets_clean_stop(net, tmp_path):
+    (head_ns, head_ip), (worker_ns, worker_ip) = net.nodes
+    env = rftstack_env(HOME=str(tmp_path))  # no ~/.ray/auth_token can help a node
+    common = ["--num-cpus", "1", "--num-gpus", "0", "--json"]
+
+    out = cli(net, head_ns, "ray-head", "--listen", head_ip, "--state-dir", str(tmp_path / "head"), *common, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    head = json.loads(out.stdout)
+    net.temp_dirs.append(head["temp_dir"])
+    assert head["address"] == f"{head_ip}:{head['ports']['gcs']}" and head["env"]["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+    token = tmp_path / "copy_of_token"
+    token.write_text(open(head["token_path"]).read())
+    token.chmod(0o600)
+    wstate = str(tmp_path / "worker")
+    join = ["ray-worker", "--address", head["address"], "--state-dir", wstate, *common]
+
+    # rftstack refuses a node without a token, at once, leaving nothing running
+    out = cli(net, worker_ns, *join, env=env, timeout=60)
+    assert out.returncode == 2 and "--token-file" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert net.pids(worker_ns) == []
+
+    # Ray itself refuses a node with a wrong token (its GCS answers InvalidAuthToken)
+    wrong = tmp_path / "wrong_token"
+    wrong.write_text("0" * 64)
+    wrong.chmod(0o600)
+    out = cli(net, worker_ns, *join, "--token-file", str(wrong), env=env)
+    assert out.returncode == 1 and "refused this node's token (Ray: InvalidAuthToken)" in out.stderr, out.stderr[-2000:]
+    assert "InvalidAuthToken" in (tmp_path / "worker" / "ray-start.log").read_text()
+    assert net.pids(worker_ns) == []
+
+    # with the token it joins; a driver on the head sees both nodes
+    out = cli(net, worker_ns, *join, "--token-file", str(token), env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    worker = json.loads(out.stdout)
+    net.temp_dirs.append(worker["temp_dir"])
+    assert worker["node_ip"] == worker_ip and worker["role"] == "worker" and worker["resources"]["CPU"] == 1.0
+    nodes = subprocess.run(net.cmd(head_ns, [sys.executable, "-c", NODES]), env={**env, **head["env"]},
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert nodes.returncode == 0, nodes.stderr[-2000:]
+    assert sorted(json.loads(nodes.stdout.splitlines()[-1])) == sorted([head_ip, worker_ip])
+
+    # listening sockets: the node's private address, loopback, or a wildcard that reaches only those
+    for ns, ip, info in ((head_ns, head_ip, head), (worker_ns, worker_ip, worker)):
+        dev = f"rfc{net.id}v{net.nodes.index((ns, ip))}"
+        addrs = net.addresses(ns)  # the wildcard reaches these, and no others
+        assert set(addrs) == {"lo", dev} and ip in addrs[dev]
+        assert all(a == ip or a.startswith("fe80:") for a in addrs[dev])  # the private link only
+        socks = net.listeners(ns)
+        assert socks
+        bad = [(l.address, l.port) for l in socks if node_addresses(l) not in (ip, "127.0.0.1", "::1", *WILDCARD)]
+        assert bad == []
+        assert sorted({l.port for l in socks if l.address in WILDCARD}) == info["wildcard_ports"]
+        assert info["ports"]["node_manager"] in info["wildcard_ports"]  # Ray binds its raylet to the wildcard
+
+    # stopping the worker, then the head, leaves nothing in either namespace
+    out = cli(net, worker_ns, "ray-worker", "stop", "--state-dir", wstate, "--json", env=env, timeout=120)
+    assert out.returncode == 0 and json.loads(out.stdout)["stopped"] is True, out.stdout + out.stderr
+    assert net.pids(worker_ns) == []
+    out = cli(net, head_ns, "ray-head", "--stop", "--state-dir", str(tmp_path / "head"), "--json", env=env, timeout=120)
+    assert out.returncode == 0 and json.loads(out.stdout)["stopped"] is True, out.stdout + out.stderr
+    assert net.pids(head_ns) == []
+
+
+NODES = """
+import json, ray
+ray.init(log_to_driver=False, logging_level="ERROR")
+print(json.dumps([n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]))
+"""
