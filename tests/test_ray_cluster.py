@@ -14,8 +14,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from rftstack import ray_head
 
 from conftest import rftstack_env
 from netns_helpers import PrivateNet, unavailable
@@ -74,13 +77,14 @@ def test_two_nodes_token_private_sockets_clean_stop(net, tmp_path):
     assert net.pids(worker_ns) == []
 
     # Ray itself refuses a node with a wrong token (its GCS answers InvalidAuthToken)
+    before = {d.name for d in Path("/tmp").glob("rfts-rayw-*")}
     wrong = tmp_path / "wrong_token"
     wrong.write_text("0" * 64)
     wrong.chmod(0o600)
     out = cli(net, worker_ns, *join, "--token-file", str(wrong), env=env)
     assert out.returncode == 1 and "refused this node's token (Ray: InvalidAuthToken)" in out.stderr, out.stderr[-2000:]
     assert "InvalidAuthToken" in (tmp_path / "worker" / "ray-start.log").read_text()
-    assert net.pids(worker_ns) == []
+    assert net.pids(worker_ns) == [] and not [d for d in Path("/tmp").glob("rfts-rayw-*") if d.name not in before]
 
     # with the token it joins; a driver on the head sees both nodes
     out = cli(net, worker_ns, *join, "--token-file", str(token), env=env)
@@ -93,6 +97,16 @@ def test_two_nodes_token_private_sockets_clean_stop(net, tmp_path):
     assert nodes.returncode == 0, nodes.stderr[-2000:]
     assert sorted(json.loads(nodes.stdout.splitlines()[-1])) == sorted([head_ip, worker_ip])
 
+    # the doctor sees both nodes, no GPU on either, one clock, the token
+    out = cli(net, head_ns, "doctor", "--ray-address", head["address"], "--ray-token-path", head["token_path"], "--json",
+              *[f"--skip={c}" for c in ("gpu", "elf", "toolchain", "pyenv", "vllm-api", "config", "rl-loop", "model")], env=env)
+    found = {f["check"]: f for f in json.loads(out.stdout)["findings"]}
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert found["cluster.nodes"]["data"]["gpus_per_node"] == {head_ip: 0, worker_ip: 0}
+    assert found[f"cluster.node.{worker_ip}"]["status"] == "ok" and found[f"cluster.node.{head_ip}"]["status"] == "ok"
+    assert found["cluster.clock"]["status"] == "ok" and set(found["cluster.clock"]["data"]["offsets_s"]) == {head_ip, worker_ip}
+    assert found["cluster.token"]["status"] == "ok"
+
     # listening sockets: the node's private address, loopback, or a wildcard that reaches only those
     for ns, ip, info in ((head_ns, head_ip, head), (worker_ns, worker_ip, worker)):
         dev = f"rfc{net.id}v{net.nodes.index((ns, ip))}"
@@ -103,8 +117,12 @@ def test_two_nodes_token_private_sockets_clean_stop(net, tmp_path):
         assert socks
         bad = [(l.address, l.port) for l in socks if node_addresses(l) not in (ip, "127.0.0.1", "::1", *WILDCARD)]
         assert bad == []
-        assert sorted({l.port for l in socks if l.address in WILDCARD}) == info["wildcard_ports"]
-        assert info["ports"]["node_manager"] in info["wildcard_ports"]  # Ray binds its raylet to the wildcard
+        wild = {l.port for l in socks if l.address in WILDCARD}
+        named = {name: port for name, port in info["ports"].items() if port in wild}
+        assert named == info["wildcard_ports"]  # rftstack reports the node's own wildcard ports truthfully
+        assert {"node_manager", "object_manager", "dashboard_agent_grpc", "metrics_export"} <= set(named)  # Ray 2.60's choice
+        lo, hi = ray_head.WORKER_PORT_RANGE
+        assert all(lo <= p <= hi for p in wild - set(named.values()))  # the rest: Ray's worker processes
 
     # stopping the worker, then the head, leaves nothing in either namespace
     out = cli(net, worker_ns, "ray-worker", "stop", "--state-dir", wstate, "--json", env=env, timeout=120)

@@ -200,7 +200,7 @@ class Head:
     node_ip: str = LOOPBACK
     role: str = "head"
     tls: dict = dataclasses.field(default_factory=dict)
-    wildcard_ports: list = dataclasses.field(default_factory=list)
+    wildcard_ports: dict = dataclasses.field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
         return client_env(self.address, self.token_path, self.tls)
@@ -303,6 +303,7 @@ def launch(node: Head, argv: list[str], env: dict, log_path: Path, progress) -> 
             exc = UserError(f"the Ray head at {node.address} refused this node's token (Ray: InvalidAuthToken); "
                             f"copy the head's auth_token file again (log: {log_path})", 1)  # fmt: skip
             exc.final = True  # the same token is refused again: no retry
+            shutil.rmtree(node.temp_dir, ignore_errors=True)  # Ray wrote nothing there worth keeping
         raise exc
     progress(f"Ray {node.role} processes up after {time.monotonic() - t0:.0f} s; waiting until the cluster answers a driver")
 
@@ -347,13 +348,19 @@ def _start_once(
     return head
 
 
-def wildcard_ports(node: Head) -> list[int]:
-    """Ports the node's processes listen on at a wildcard address (0.0.0.0 or ::), read in this
-    network namespace: on a loopback head none; on a cluster node Ray's gRPC servers."""
+WORKER_PORT_RANGE = (10002, 19999)  # `ray start`'s --min-worker-port/--max-worker-port defaults
+
+
+def wildcard_ports(node: Head) -> dict[str, int]:
+    """The node's own ports (``node.ports``) that its processes listen on at a wildcard address
+    (0.0.0.0 or ::), read in this network namespace: none on a loopback head; on a cluster node
+    Ray's gRPC servers and metrics endpoints. (Ray's worker processes bind the wildcard too, each
+    on a port of WORKER_PORT_RANGE.)"""
     from rftstack import netstat
 
     by_inode = {l.inode: l for l in netstat.listeners() if l.address in ("0.0.0.0", "::")}
-    return sorted({by_inode[i].port for p in node.processes() for i in netstat.socket_inodes(p.pid) if i in by_inode})
+    open_ports = {by_inode[i].port for p in node.processes() for i in netstat.socket_inodes(p.pid) if i in by_inode}
+    return {name: port for name, port in node.ports.items() if port in open_ports}
 
 
 def stop(head: Head, timeout: float = 30.0, remove_temp: bool = False, hurry=None) -> supervisor.StopResult:
@@ -462,8 +469,10 @@ def report(head: Head, args, **extra) -> None:
         print(f"Ray head {state} at {head.address} (private address, token auth{', TLS' if head.tls else ''})")
         print(f"  other nodes join with: rftstack ray-worker --address {head.address} --token-file COPY_OF_{Path(head.token_path).name}")
     if head.wildcard_ports:
-        print(f"  Ray 2.60 binds these ports on every interface (no setting for it): {head.wildcard_ports}; "
-              "firewall them to the private network (docs/cluster.md)")  # fmt: skip
+        lo, hi = WORKER_PORT_RANGE
+        named = ", ".join(f"{k} {v}" for k, v in head.wildcard_ports.items())
+        print(f"  Ray 2.60 binds these on every interface (it has no setting for it): {named}, and its workers' ports {lo}-{hi}; "
+              "let only the private network reach them (docs/cluster.md)")  # fmt: skip
     if head.role == "head":
         print(f"  dashboard: {head.dashboard_url}   token file: {head.token_path}")
     print("  connect with:")
