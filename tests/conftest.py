@@ -84,7 +84,7 @@ def session_head(tmp_path_factory):
 class ServeRun:
     """`python -m rftstack serve ... --json` as a real child process."""
 
-    def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path):
+    def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path, prefix: list[str] = ()):
         self.run_dir = run_dir
         # stderr (progress lines) goes to a file: a pipe nobody reads would block a long serve
         self.stderr_path = run_dir.parent / f"{run_dir.name}.stderr"
@@ -92,7 +92,7 @@ class ServeRun:
         if os.environ.get("RFTSTACK_TEST_SKIP_DOCTOR") == "1" and "--skip-doctor" not in args:
             args = [*args, "--skip-doctor"]  # named knob: a host whose doctor FAILs for reasons recorded elsewhere
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rftstack", "serve", "--json", "--run-dir", str(run_dir), *args],
+            [*prefix, sys.executable, "-m", "rftstack", "serve", "--json", "--run-dir", str(run_dir), *args],
             env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True,
         )  # fmt: skip
         self.events: list[dict] = []
@@ -142,7 +142,7 @@ class ServeRun:
 def serve_runner(tmp_path):
     runs: list[ServeRun] = []
 
-    def start(args: list[str], fake: str = "", **env_extra) -> ServeRun:
+    def start(args: list[str], fake: str = "", prefix: list[str] = (), **env_extra) -> ServeRun:
         env = rftstack_env(
             RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}",
             FAKE_TRINITY=fake,
@@ -150,7 +150,7 @@ def serve_runner(tmp_path):
             XDG_CACHE_HOME=str(tmp_path / "cache"),
             **env_extra,
         )
-        run = ServeRun(args, env, tmp_path, tmp_path / f"run{len(runs)}")
+        run = ServeRun(args, env, tmp_path, tmp_path / f"run{len(runs)}", prefix)
         runs.append(run)
         return run
 
