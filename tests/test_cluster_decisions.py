@@ -148,3 +148,21 @@ def test_cli_refuses_with_one_sentence_before_starting_anything(tmp_path, args, 
     assert out.returncode == 2 and says in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "state").exists()  # nothing started, nothing written
+
+
+def path_node(ip, gpus, model_exists, ckpt_writable):
+    return {"ip": ip, "alive": True, "gpus": gpus, "report": {"paths": {
+        "model": {"exists": model_exists, "writable": True}, "checkpoints": {"exists": True, "writable": ckpt_writable}}}}
+
+
+def test_paths_findings():
+    paths = {"model": "/models/q", "checkpoints": "/shared/ckpt"}
+    head, worker = path_node("10.0.0.1", 0, False, True), path_node("10.0.0.2", 1, True, True)
+    found = {f.check: f for f in cluster.paths_findings([head, worker], paths)}
+    assert found["cluster.model_path"].status == OK  # the head runs no engine: it needs no model
+    assert found["cluster.checkpoint_root"].status == OK
+    worker = path_node("10.0.0.2", 1, False, False)
+    found = {f.check: f for f in cluster.paths_findings([head, worker], paths)}
+    assert found["cluster.model_path"].status == FAIL and "10.0.0.2" in found["cluster.model_path"].message
+    assert found["cluster.checkpoint_root"].status == WARN and found["cluster.checkpoint_root"].data == {"not_writable_on": ["10.0.0.2"]}
+    assert cluster.paths_findings([head, worker], {}) == []

@@ -118,8 +118,11 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
     assert nodes.returncode == 0, nodes.stderr[-2000:]
     assert sorted(json.loads(nodes.stdout.splitlines()[-1])) == sorted([head_ip, worker_ip])
 
-    # the doctor sees both nodes, no GPU on either, one clock, the token
-    out = cli(net, head_ns, "doctor", "--ray-address", head["address"], "--ray-token-path", head["token_path"], "--json",
+    # the doctor sees both nodes, the worker's GPU, one clock, the token, and the shared paths on each node
+    (tmp_path / "model").mkdir()
+    dcfg = tmp_path / "doctor.yaml"
+    dcfg.write_text(f"mode: serve\nmodel:\n  model_path: {tmp_path / 'model'}\ncheckpoint_root_dir: {tmp_path / 'ckpt'}\n")
+    out = cli(net, head_ns, "doctor", "--ray-address", head["address"], "--ray-token-path", head["token_path"], "--json", "-c", str(dcfg),
               *[f"--skip={c}" for c in ("gpu", "elf", "toolchain", "pyenv", "vllm-api", "config", "rl-loop", "model")], env=env)
     found = {f["check"]: f for f in json.loads(out.stdout)["findings"]}
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
@@ -127,6 +130,8 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
     assert found[f"cluster.node.{worker_ip}"]["status"] == "ok" and found[f"cluster.node.{head_ip}"]["status"] == "ok"
     assert found["cluster.clock"]["status"] == "ok" and set(found["cluster.clock"]["data"]["offsets_s"]) == {head_ip, worker_ip}
     assert found["cluster.token"]["status"] == "ok"
+    assert found["cluster.model_path"]["status"] == "ok" and "on every GPU node (1)" in found["cluster.model_path"]["message"]
+    assert found["cluster.checkpoint_root"]["status"] == "ok" and "every node (2)" in found["cluster.checkpoint_root"]["message"]
 
     # listening sockets: the node's private address, loopback, or a wildcard that reaches only those
     for ns, ip, info in ((head_ns, head_ip, head), (worker_ns, worker_ip, worker)):

@@ -157,8 +157,14 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         def cluster_findings():
             say(f"asking every node of the Ray cluster at {cluster_address} to describe itself (a Ray driver, seconds)...")
             token = str(Path(ray_token_path).absolute()) if ray_token_path else ""
-            nodes, why = cluster.report(cluster_address, {**env, **ray_head.client_env(cluster_address, token)})
-            return cluster.check(cluster_address, nodes, why, ray_token_path)
+            paths = {}
+            if raw is not None:
+                for name, key in (("model", "model.model_path"), ("checkpoints", "checkpoint_root_dir")):
+                    value = config_check.get(raw, key, None)
+                    if isinstance(value, str) and value:
+                        paths[name] = str(Path(value).absolute())
+            nodes, why = cluster.report(cluster_address, {**env, **ray_head.client_env(cluster_address, token)}, paths)
+            return cluster.check(cluster_address, nodes, why, ray_token_path, paths)
 
         run("cluster", cluster_findings)
     return run.out

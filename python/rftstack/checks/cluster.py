@@ -27,8 +27,11 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 @ray.remote(num_cpus=0)
-def describe():
+def describe(paths):
+    import os
     out = {"hostname": socket.gethostname(), "ip": ray.util.get_node_ip_address()}
+    out["paths"] = {k: {"exists": os.path.exists(v), "writable": os.access(v if os.path.exists(v) else os.path.dirname(v.rstrip("/")) or "/", os.W_OK)}
+                    for k, v in paths.items()}
     try:
         import dataclasses
         from rftstack import env_report
@@ -46,13 +49,14 @@ def describe():
 def now():
     return time.time()
 
+paths = json.loads(sys.argv[2])
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 nodes = []
 for n in ray.nodes():
     row = {"node_id": n["NodeID"], "ip": n["NodeManagerAddress"], "alive": n["Alive"], "gpus": n["Resources"].get("GPU", 0)}
     if n["Alive"]:
         pin = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        row["report"] = ray.get(describe.options(scheduling_strategy=pin).remote(), timeout=120)
+        row["report"] = ray.get(describe.options(scheduling_strategy=pin).remote(paths), timeout=120)
         ray.get(now.options(scheduling_strategy=pin).remote(), timeout=60)  # the worker is warm now
         t0 = time.time(); t = ray.get(now.options(scheduling_strategy=pin).remote(), timeout=60); t1 = time.time()
         row["clock"] = {"offset_s": t - (t0 + t1) / 2, "uncertainty_s": (t1 - t0) / 2}
@@ -61,10 +65,11 @@ print("CLUSTER " + json.dumps(nodes))
 """
 
 
-def report(address: str, env: dict, timeout: float = 300) -> tuple[list[dict] | None, str]:
-    """Run the report driver against ``address``: (nodes, "") or (None, why it failed)."""
+def report(address: str, env: dict, paths: dict[str, str] | None = None, timeout: float = 300) -> tuple[list[dict] | None, str]:
+    """Run the report driver against ``address``: (nodes, "") or (None, why it failed). Each node
+    also says whether each of ``paths`` (name -> path) exists there and can be written."""
     try:
-        out = subprocess.run([sys.executable, "-c", REPORT, address], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", REPORT, address, json.dumps(paths or {})], env=env, capture_output=True, text=True,
                              timeout=timeout, start_new_session=True)  # fmt: skip
     except subprocess.TimeoutExpired:
         return None, f"no answer within {timeout:.0f} s"
@@ -130,6 +135,31 @@ def skew_finding(nodes: list[dict], limit_s: float = SKEW_LIMIT_S) -> Finding:
     return Finding("cluster.clock", OK, f"Clocks agree within {max(abs(v['offset_s']) for v in clocks.values()) + c['uncertainty_s']:.3f} s on {len(clocks)} node(s).", "", data)
 
 
+def paths_findings(nodes: list[dict], paths: dict[str, str]) -> list[Finding]:
+    """What must be shared: the model directory on every node with GPUs (vLLM loads it where its
+    engine runs); the checkpoint root writable on every node (Trinity places its explorer, which
+    records experiences there, and its trainer where Ray decides)."""
+    out = []
+    alive = [n for n in nodes if n["alive"] and "paths" in (n.get("report") or {})]
+    if "model" in paths:
+        gpu_nodes = [n for n in alive if n["gpus"] > 0]
+        missing = [n["ip"] for n in gpu_nodes if not n["report"]["paths"]["model"]["exists"]]
+        if missing:
+            out.append(Finding("cluster.model_path", FAIL, f"The model directory {paths['model']} is missing on GPU node(s) {', '.join(missing)}, where the engines run.",
+                               "Copy it there at the same path, or mount shared storage at that path on every GPU node.", {"missing_on": missing}))  # fmt: skip
+        else:
+            out.append(Finding("cluster.model_path", OK, f"The model directory {paths['model']} is on every GPU node ({len(gpu_nodes)}).", ""))
+    if "checkpoints" in paths:
+        bad = [n["ip"] for n in alive if not n["report"]["paths"]["checkpoints"]["writable"]]
+        if bad:
+            out.append(Finding("cluster.checkpoint_root", WARN, f"The checkpoint root {paths['checkpoints']} cannot be written on node(s) {', '.join(bad)}.",
+                               "Mount shared storage at that path on every node (experiences, checkpoints and the proxy's history live there).",
+                               {"not_writable_on": bad}))  # fmt: skip
+        else:
+            out.append(Finding("cluster.checkpoint_root", OK, f"The checkpoint root {paths['checkpoints']} can be written on every node ({len(alive)}).", ""))
+    return out
+
+
 def token_finding(token_path: str | None) -> Finding:
     from rftstack import cluster_net
 
@@ -139,7 +169,7 @@ def token_finding(token_path: str | None) -> Finding:
     return Finding("cluster.token", OK, f"The token file {token_path} is present and private (mode 600).", "", {"path": token_path})
 
 
-def check(address: str, nodes: list[dict] | None, why: str, token_path: str | None) -> list[Finding]:
+def check(address: str, nodes: list[dict] | None, why: str, token_path: str | None, paths: dict[str, str] | None = None) -> list[Finding]:
     out = [token_finding(token_path)]
     if nodes is None:
         out.append(Finding("cluster.nodes", FAIL, f"The Ray cluster at {address} did not answer a driver ({why}).",
@@ -153,4 +183,5 @@ def check(address: str, nodes: list[dict] | None, why: str, token_path: str | No
     for n in nodes:
         out.extend(node_findings(n))
     out.append(skew_finding(alive))
+    out.extend(paths_findings(nodes, paths or {}))
     return out
