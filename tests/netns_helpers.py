@@ -17,7 +17,7 @@ import subprocess
 import time
 import uuid
 
-from rftstack import netstat
+from rftstack.doctor import netstat
 
 
 def unavailable() -> str | None:

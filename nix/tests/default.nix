@@ -211,4 +211,29 @@ in
       "every-closure-package-has-an-installable-file"
     ];
   };
+
+  # --- auto-patchelf plan ------------------------------------------------------------------------
+  testAutoPatchelfVllmFindsLibtorchBothFlavours = {
+    expr = map (f: builtins.elem { dist = "torch"; dir = "torch/lib"; } real.autoPatchelf.${f}.vllm.searchPaths) [ "cuda12" "cuda13" ];
+    expected = [ true true ];
+  };
+  testAutoPatchelfCudartOnlyInCuda13 = {
+    expr = map (f: builtins.elem { dist = "nvidia-cuda-runtime"; dir = "nvidia/cu13/lib"; } real.autoPatchelf.${f}.torch.searchPaths) [ "cuda12" "cuda13" ];
+    expected = [ false true ];
+  };
+  testAutoPatchelfUndeclaredLink = {
+    expr = builtins.elem { dist = "torch"; dir = "torch/lib"; } real.autoPatchelf.cuda13.torchaudio.searchPaths;
+    expected = true;
+  };
+  testAutoPatchelfCudaLibsOnlyForArtifacts = {
+    expr = map (p: p.cuda != [ ]) [ real.autoPatchelf.cuda12.torch real.autoPatchelf.cuda12.numpy real.autoPatchelf.cuda13.torch ];
+    expected = [ true false false ];
+  };
+  testAutoPatchelfIgnoresDriverAndFlavourIgnores = {
+    expr = map (p: builtins.elem "libcute_dsl_runtime.so" p.ignoreMissing && builtins.elem "libcuda.so.1" p.ignoreMissing) [
+      real.autoPatchelf.cuda12.tokenspeed-mla
+      real.autoPatchelf.cuda13.tokenspeed-mla
+    ];
+    expected = [ true false ];
+  };
 }

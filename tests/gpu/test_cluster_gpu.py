@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import ServeRun, rftstack_env, write_report_config
+from helpers import ServeRun, rftstack_env, write_report_config
 from gpu_helpers import gpu_memory_used_mib, has_gpu, memory_back_after
 from netns_helpers import PrivateNet, unavailable
 
