@@ -184,3 +184,68 @@ import json, ray
 ray.init(log_to_driver=False, logging_level="ERROR")
 print(json.dumps([n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]))
 """
+
+
+def write_tls(directory, ips: list[str]) -> tuple[str, str, str]:
+    """One self-signed certificate (its own CA) naming every node's address, as Ray's own TLS tests do."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rftstack-test-cluster")])
+    sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in [*ips, "127.0.0.1"]] + [x509.DNSName(ip) for ip in [*ips, "127.0.0.1"]]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False).sign(key, hashes.SHA256()))  # fmt: skip
+    cert_path, key_path = directory / "node.crt", directory / "node.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_path.chmod(0o600)
+    return str(cert_path), str(key_path), str(cert_path)
+
+
+TLS_HANDSHAKE = """
+import socket, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[3])
+ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+ctx.set_alpn_protocols(["h2"])
+with ctx.wrap_socket(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10), server_hostname=sys.argv[1]) as s:
+    print(s.version())
+"""
+
+
+def test_tls_between_nodes(net, tmp_path):
+    """--tls-cert/--tls-key/--tls-ca: both nodes run Ray with TLS, the worker joins, a driver given
+    the same variables sees both nodes, and the head's GCS port completes a TLS handshake."""
+    (head_ns, head_ip), (worker_ns, worker_ip) = net.nodes
+    env = rftstack_env(HOME=str(tmp_path))
+    cert, key, ca = write_tls(tmp_path, [head_ip, worker_ip])
+    tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca]
+    common = ["--num-cpus", "1", "--num-gpus", "0", "--json", *tls]
+    out = cli(net, head_ns, "ray-head", "--listen", head_ip, "--state-dir", str(tmp_path / "head"), *common, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    head = json.loads(out.stdout)
+    net.temp_dirs.append(head["temp_dir"])
+    assert head["env"]["RAY_USE_TLS"] == "1" and head["env"]["RAY_TLS_CA_CERT"] == ca
+    out = cli(net, worker_ns, "ray-worker", "--address", head["address"], "--token-file", head["token_path"],
+              "--state-dir", str(tmp_path / "worker"), *common, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    worker = json.loads(out.stdout)
+    net.temp_dirs.append(worker["temp_dir"])
+    assert worker["tls"] == head["tls"]
+    nodes = subprocess.run(net.cmd(head_ns, [sys.executable, "-c", NODES]), env={**env, **head["env"]}, capture_output=True, text=True, timeout=120)
+    assert nodes.returncode == 0, nodes.stderr[-2000:]
+    assert sorted(json.loads(nodes.stdout.splitlines()[-1])) == sorted([head_ip, worker_ip])
+    hs = subprocess.run(net.cmd(worker_ns, [sys.executable, "-c", TLS_HANDSHAKE, head_ip, str(head["ports"]["gcs"]), ca, key]),
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert hs.returncode == 0 and hs.stdout.strip().startswith("TLSv1"), hs.stderr[-2000:]
+    for ns, role, state in ((worker_ns, "ray-worker", "worker"), (head_ns, "ray-head", "head")):
+        out = cli(net, ns, role, "stop", "--state-dir", str(tmp_path / state), "--json", env=env, timeout=120)
+        assert out.returncode == 0 and json.loads(out.stdout)["stopped"] is True, out.stdout + out.stderr
+        assert net.pids(ns) == []
