@@ -29,6 +29,7 @@ def test_report_config_changes():
     keys = {c.key for c in changes}
     assert cfg["explorer"]["listen_address"] == "127.0.0.1"
     assert cfg["explorer"]["min_running_model_num"] == 0
+    assert cfg["explorer"]["service_status_check_interval"] == 2
     assert cfg["synchronizer"]["sync_method"] == "checkpoint"
     assert cfg["cluster"]["ray_address"] == "127.0.0.1:6000"
     assert cfg["model"]["max_model_len"] == 32768
@@ -36,7 +37,7 @@ def test_report_config_changes():
     buf = cfg["buffer"]["trainer_input"]["experience_buffer"]
     assert buf["storage_type"] == "sql"
     assert buf["path"] == "sqlite:////runs/r1/checkpoints/Trinity-RFT/rft/buffer/experience_buffer.db"
-    assert {"explorer.listen_address", "explorer.min_running_model_num", "synchronizer.sync_method"} <= keys
+    assert {"explorer.listen_address", "explorer.min_running_model_num", "explorer.service_status_check_interval", "synchronizer.sync_method"} <= keys
     assert all(c.why for c in changes)
     assert report()["synchronizer"]["sync_method"] == "nccl"  # the input is not modified
 
@@ -44,11 +45,14 @@ def test_report_config_changes():
 def test_explicit_user_choices_are_kept():
     user = report()
     user["explorer"]["min_running_model_num"] = 1
+    user["explorer"]["service_status_check_interval"] = 60
     user["checkpoint_root_dir"] = "/shared/ckpt"
     user["buffer"] = {"trainer_input": {"experience_buffer": {"name": "eb", "storage_type": "queue"}}}
     user["model"]["max_model_len"] = 4096
     cfg, changes = eff(user, model_max_len=32768)
     assert cfg["explorer"]["min_running_model_num"] == 1
+    assert cfg["explorer"]["service_status_check_interval"] == 60
+    assert "explorer.service_status_check_interval" not in {c.key for c in changes}
     assert cfg["checkpoint_root_dir"] == "/shared/ckpt"
     assert cfg["model"]["max_model_len"] == 4096
     assert cfg["buffer"]["trainer_input"]["experience_buffer"] == {"name": "eb", "storage_type": "queue"}
@@ -100,6 +104,7 @@ eb = cfg.buffer.trainer_input.experience_buffer
 print("RESULT " + json.dumps({
     "listen_address": cfg.explorer.listen_address,
     "min_running_model_num": cfg.explorer.min_running_model_num,
+    "service_status_check_interval": cfg.explorer.service_status_check_interval,
     "sync_method": str(cfg.synchronizer.sync_method.value),
     "enable_openai_api": cfg.explorer.rollout_model.enable_openai_api,
     "ray_address": cfg.cluster.ray_address,
@@ -126,6 +131,7 @@ def test_real_trinity_accepts_the_effective_report_config(tmp_path, tiny_model):
     got = json.loads(lines[0][7:])
     assert got["listen_address"] == "127.0.0.1"
     assert got["min_running_model_num"] == 0
+    assert got["service_status_check_interval"] == 2
     assert got["sync_method"] == "checkpoint"
     assert got["enable_openai_api"] is True
     assert got["ray_address"] == "127.0.0.1:6000"
