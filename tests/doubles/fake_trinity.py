@@ -13,6 +13,9 @@ serves /health and /v1/models on it, and behaves as FAKE_TRINITY (comma-separate
   engine_child          as Trinity does, create a Ray actor whose child process is titled
                         `VLLM::EngineCore` (setproctitle, as vLLM titles its engine); its pid goes
                         to $FAKE_TRINITY_PIDS as "engine"
+  engine_gpu            engine_child, with the actor asking Ray for one GPU as a vLLM engine
+                        does (a resource count: a CPU node advertising --num-gpus 1 takes it);
+                        the address of the node it ran on goes to $FAKE_TRINITY_PIDS as "engine_node"
 
 It writes its pid and its grandchildren's pids to $FAKE_TRINITY_PIDS (a file) when set.
 
@@ -41,13 +44,13 @@ import yaml
 ENGINE = None  # the actor handle: the actor (and its titled child) lives as long as the double
 
 
-def start_engine_child(ray_address: str) -> int:
+def start_engine_child(ray_address: str, num_gpus: int = 0) -> tuple[int, str]:
     global ENGINE
     import ray
 
     ray.init(address=ray_address, log_to_driver=False)
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(num_cpus=0, num_gpus=num_gpus)
     class Engine:
         def start(self) -> int:
             title = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(600)"
@@ -58,8 +61,11 @@ def start_engine_child(ray_address: str) -> int:
                 time.sleep(0.05)
             return self.proc.pid
 
+        def node(self) -> str:
+            return ray.util.get_node_ip_address()
+
     ENGINE = Engine.remote()
-    return ray.get(ENGINE.start.remote())
+    return ray.get(ENGINE.start.remote()), ray.get(ENGINE.node.remote())
 
 
 def train_main(cfg: dict, modes: set) -> int:
@@ -116,8 +122,8 @@ def main() -> int:
         a = subprocess.Popen(["sleep", "600"])
         b = subprocess.Popen(["sleep", "600"], start_new_session=True)
         pids["grandchildren"] = [a.pid, b.pid]
-    if "engine_child" in modes:
-        pids["engine"] = start_engine_child(cfg["cluster"]["ray_address"])
+    if "engine_child" in modes or "engine_gpu" in modes:
+        pids["engine"], pids["engine_node"] = start_engine_child(cfg["cluster"]["ray_address"], 1 if "engine_gpu" in modes else 0)
     if os.environ.get("FAKE_TRINITY_PIDS"):
         with open(os.environ["FAKE_TRINITY_PIDS"], "w") as f:
             json.dump(pids, f)

@@ -15,6 +15,7 @@ import argparse
 import importlib.metadata as md
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Iterable
 
 from rftstack import findings as F
@@ -33,6 +34,7 @@ CHECKS: dict[str, str] = {
     "model": "model directory, architecture, tokenizer/chat template, weights vs GPU memory",
     "network": "proxy and Ray ports free; who can reach the proxy's listen address",
     "ray": "a running Ray cluster and whether it answers",
+    "cluster": "with --ray-address: nodes, GPUs, driver against CUDA flavour per node, clock skew, token",
 }
 # The groups about this machine and its install, not about a config: a failure here means nothing
 # can serve, so `collect(..., stop_at_machine_failure=True)` (serve's preflight) stops there.
@@ -65,7 +67,8 @@ class _Run:
 
 def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, skip: Iterable[str] = (),
             progress: Callable[[str], None] | None = None, python: str | None = None,
-            stop_at_machine_failure: bool = False) -> list[Finding]:
+            stop_at_machine_failure: bool = False, ray_address: str | None = None,
+            ray_token_path: str | None = None) -> list[Finding]:
     """Every finding about this machine and, with ``config_path``, that config.
 
     ``stop_at_machine_failure``: return right after the machine groups (MACHINE) when one of them
@@ -75,6 +78,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     ``gpu_reader``: a callable returning a ``checks.gpu.GpuInfo``; None reads the real driver (NVML,
     /proc, nvidia-smi). Tests pass a named test double here, the one thing not on a CPU machine.
     ``python``: the interpreter for Trinity's config subprocess (default: this one).
+    ``ray_address``: a Ray cluster (with its token file) whose nodes are checked too (checks.cluster).
     """
     from rftstack.doctor import netstat
     from rftstack.stack import policy as policy_mod
@@ -162,7 +166,8 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                 max_model_len=None)  # against the model: config.value
         run("model", model_findings)
 
-    ray_address, ray_source = ray_cluster.find_address(env)
+    cluster_address = ray_address
+    ray_address, ray_source = ray_cluster.find_address({**env, "RAY_ADDRESS": cluster_address} if cluster_address else env)
     ray_ok = ray_cluster.reachable(ray_address) if ray_address and not ray_address.startswith("ray://") else (None, "")
     port = config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)
     run("network", lambda: network.check(
@@ -172,6 +177,23 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         ray_address if ray_ok[0] else None,
         listen_is_default=not config_check.is_set(raw or {}, "explorer.listen_address")))
     run("ray", lambda: ray_cluster.check(ray_address, ray_source, ray_ok[0], ray_ok[1]))
+    if cluster_address is not None:
+        from rftstack.run import ray_head
+        from rftstack.doctor.checks import cluster
+
+        def cluster_findings():
+            say(f"asking every node of the Ray cluster at {cluster_address} to describe itself (a Ray driver, seconds)...")
+            token = str(Path(ray_token_path).absolute()) if ray_token_path else ""
+            paths = {}
+            if raw is not None:
+                for name, key in (("model", "model.model_path"), ("checkpoints", "checkpoint_root_dir")):
+                    value = config_check.get(raw, key, None)
+                    if isinstance(value, str) and value:
+                        paths[name] = str(Path(value).absolute())
+            nodes, why = cluster.report(cluster_address, {**env, **ray_head.client_env(cluster_address, token)}, paths)
+            return cluster.check(cluster_address, nodes, why, ray_token_path, paths)
+
+        run("cluster", cluster_findings)
     return run.out
 
 
@@ -186,13 +208,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--skip", metavar="CHECK", action="append", default=[], choices=list(CHECKS),
                         help="skip a check group (repeatable): " + ", ".join(CHECKS))
+    parser.add_argument("--ray-address", metavar="HEAD:PORT", default=None, help="also check this Ray cluster's nodes (with --ray-token-path)")
+    parser.add_argument("--ray-token-path", metavar="FILE", default=None, help="the cluster's token file (the head's auth_token or a copy)")
 
 
 def run(args) -> int:
     def progress(msg):
         print(f"rftstack doctor: {msg}", file=sys.stderr, flush=True)
 
-    found = collect(args.config, skip=set(args.skip), progress=progress)
+    found = collect(args.config, skip=set(args.skip), progress=progress, ray_address=args.ray_address, ray_token_path=args.ray_token_path)
     if args.json:
         print(F.to_json(found, command="doctor", config=args.config))
     else:

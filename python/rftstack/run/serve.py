@@ -454,7 +454,9 @@ class Serve:
         else:
             self.say("preflight: rftstack doctor (the config)")
             skip = set(MACHINE)
-        findings = collect(config_path, skip=skip, progress=lambda m: self.say(f"  {m}"))
+        token = self.args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        findings = collect(config_path, skip=skip, progress=lambda m: self.say(f"  {m}"),
+                           ray_address=self.args.ray_address, ray_token_path=token if self.args.ray_address else None)  # fmt: skip
         text = render(findings)
         if text:
             for line in text.splitlines():
