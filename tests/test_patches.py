@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import torch
+import uvicorn_helpers
 
 from rftstack import patches, policy
 
@@ -34,6 +35,7 @@ def site(tmp_path):
     line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(REL + ","))
     (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
     add_trinity(tmp_path)
+    uvicorn_helpers.add_uvicorn(tmp_path)
     return tmp_path
 
 
@@ -84,7 +86,7 @@ def apply(site, **over):
 
 
 def test_policy_names_the_patch_with_its_hash():
-    for p in [the_patch(), *trinity_patches()]:
+    for p in policy.load().patches:
         assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
         assert p.why
 
@@ -165,6 +167,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-recorder-group-commit.patch: trinity/explorer/proxy/recorder.py: applied",
+        "uvicorn-httptools-ignore-upgrade.patch: uvicorn/protocols/http/httptools_impl.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())

@@ -81,6 +81,7 @@ in
         files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch"
           "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" ];
       };
+      uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
     };
   };
   testPatchCommand = {
