@@ -1,0 +1,110 @@
+"""Every kind of client an agent is written with, against Trinity's REAL proxy app
+(tests/doubles/trinity_proxy_host.py: Trinity's app.py, its SQLite recorder, ExplorerService's own
+record/feedback/commit code) in front of tests/doubles/vllm_stream_double.py (a TEST DOUBLE of
+vLLM 0.23's chat endpoint; vLLM needs a GPU). Each client runs two chat completions, one streamed
+chat completion, POST /feedback with the ids it got back, POST /commit; the test then checks that
+every id is a row of proxy_history with the client's reward and a line of the commits file.
+
+Guards an upstream behaviour (uvicorn #2722, httptools #124): uvicorn 0.54.0's httptools protocol
+as published drops the body of any request that offers `Upgrade: h2c`. The JDK's default
+HttpClient and a raw client offering h2c with a chunked body are also run against the same proxy
+with uvicorn as published (a copy first on its sys.path), where every chat completion fails
+(400 "Invalid JSON", the report's symptom) and nothing reaches the store; the installed, patched
+uvicorn (patches/uvicorn-httptools-ignore-upgrade.patch, applied by `rftstack relax`) serves them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import client_helpers as ch
+import uvicorn_helpers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "doubles"))
+from vllm_stream_double import MODEL_ID, VLLMStreamDouble  # noqa: E402
+
+NEEDS = {"java-default": "javac", "java-http1": "javac", "curl-http2": "curl", "curl": "curl", "node-fetch": "node"}
+CLIENTS = ["java-default", "java-http1", "curl-http2", "curl", "openai", "httpx", "requests", "node-fetch", "raw-h2c"]
+REWARD = {name: round(0.1 * (i + 1), 1) for i, name in enumerate(CLIENTS)}
+REWARD["java-default"] = REWARD["java-http1"] = 1.0  # the example agent's reward
+
+
+def need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed here (CI has it); this client case needs it")
+
+
+@pytest.fixture(scope="module")
+def double():
+    with VLLMStreamDouble() as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def proxy(double, tmp_path_factory):
+    px = ch.Proxy(double.base_url, tmp_path_factory.mktemp("proxy"))
+    yield px
+    px.stop()
+
+
+@pytest.fixture(scope="module")
+def published_proxy(double, tmp_path_factory):
+    """The same proxy, with uvicorn's httptools protocol as published first on its sys.path."""
+    site = uvicorn_helpers.uvicorn_site(tmp_path_factory.mktemp("uvicorn-published"), patched=False)
+    px = ch.Proxy(double.base_url, tmp_path_factory.mktemp("published"), site)
+    yield px
+    px.stop()
+
+
+@pytest.fixture(scope="module")
+def java_classes(tmp_path_factory):
+    need("javac")
+    return ch.compile_java_agent(tmp_path_factory.mktemp("java"))
+
+
+def run_client(name: str, base: str, classes_factory) -> ch.Outcome:
+    if name in NEEDS:
+        need(NEEDS[name])
+    if name.startswith("java"):
+        return ch.java_agent(classes_factory(), base, http1=name == "java-http1")[0]
+    if name.startswith("curl"):
+        return ch.curl(base, MODEL_ID, REWARD[name], http2=name == "curl-http2")
+    if name == "node-fetch":
+        return ch.node_fetch(base, REWARD[name])
+    return {"openai": ch.openai_sdk, "httpx": ch.httpx_client, "requests": ch.requests_client, "raw-h2c": ch.raw_h2c}[name](base, MODEL_ID, REWARD[name])
+
+
+@pytest.mark.parametrize("name", CLIENTS)
+def test_client_lands_every_response_in_the_store(name, proxy, request):
+    out = run_client(name, proxy.base, lambda: request.getfixturevalue("java_classes"))
+    assert out.failed == 0 and out.ok == 5, out.failures
+    assert len(out.msg_ids) == 3 and len(set(out.msg_ids)) == 3
+    rows, committed = proxy.rows(), proxy.committed()
+    for mid in out.msg_ids:
+        assert rows.get(mid) == REWARD[name], (mid, rows.get(mid))
+        assert mid in committed and committed[mid]["reward"] == REWARD[name] and committed[mid]["token_ids"]
+
+
+@pytest.mark.parametrize("name", ["java-default", "raw-h2c", "curl-http2"])
+def test_h2c_offering_clients_fail_on_uvicorn_as_published(name, published_proxy, request):
+    """Without the patch the body is dropped: every chat completion is a 400 "Invalid JSON" (the
+    report's symptom), nothing is recorded, and /commit still answers 200 having committed nothing.
+    (The raw client's chunks, sent after the head, are then parsed as a next request: a second 400,
+    "Invalid HTTP request received.", and the connection closed.)"""
+    out = run_client(name, published_proxy.base, lambda: request.getfixturevalue("java_classes"))
+    assert out.msg_ids == [] and out.failed >= 3
+    chats = [f for f in out.failures if f.startswith(("chat", "stream"))]
+    assert len(chats) == 3 and all("400" in f and "Invalid JSON" in f for f in chats), out.failures
+    assert not any(f.startswith("commit") for f in out.failures)  # /commit said 200 all the same
+    assert published_proxy.rows() == {} and published_proxy.committed() == {}
+    assert "Unsupported upgrade request." in published_proxy.log.read_text()
+
+
+def test_plain_http1_clients_work_on_uvicorn_as_published(published_proxy, request):
+    """The control: the same published stack serves the JDK client forced to HTTP/1.1."""
+    out = run_client("java-http1", published_proxy.base, lambda: request.getfixturevalue("java_classes"))
+    assert out.failed == 0 and len(out.msg_ids) == 3
