@@ -15,6 +15,7 @@ uvicorn (patches/uvicorn-httptools-ignore-upgrade.patch, applied by `rftstack re
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -111,3 +112,34 @@ def test_plain_http1_clients_work_on_uvicorn_as_published(published_proxy, reque
     """The control: the same published stack serves the JDK client forced to HTTP/1.1."""
     out = run_client("java-http1", published_proxy.base, lambda: request.getfixturevalue("java_classes"))
     assert out.failed == 0 and len(out.msg_ids) == 3
+
+
+@pytest.mark.parametrize("name", ["curl", "node-fetch"])
+def test_json_without_a_json_label(name, proxy, double):
+    """`curl -d` without -H (labelled application/x-www-form-urlencoded) and Node's fetch without
+    headers (text/plain): the proxy takes the JSON body and sends it to the engine as
+    application/json (trinity-proxy-request-hygiene.patch); vLLM's own check refuses anything else."""
+    need(NEEDS[name])
+    before = len(double.headers)
+    out = ch.curl(proxy.base, MODEL_ID, 0.7, http2=False, content_type=False) if name == "curl" else ch.node_fetch(proxy.base, 0.7, content_type=False)
+    assert out.failed == 0 and len(out.msg_ids) == 3, out.failures
+    assert {h["content-type"] for h in double.headers[before:]} == {"application/json"}
+    assert all(proxy.rows().get(m) == 0.7 for m in out.msg_ids)
+
+
+def test_response_headers_once_and_nothing_hop_by_hop_forwarded(proxy, double):
+    """Through uvicorn: one date and one server header (the engine's are not copied next to
+    uvicorn's), and the engine gets no hop-by-hop or credential header."""
+    conn = ch.RawConn(proxy.base)
+    conn._connect()
+    body = json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": "headers"}], "max_tokens": 2}).encode()
+    conn.s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + ch.OFFER + b"Authorization: Bearer t\r\nCookie: a=1\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += conn.s.recv(65536)
+    conn.close()
+    names = [ln.split(b":", 1)[0].lower() for ln in head.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]]
+    assert head.startswith(b"HTTP/1.1 200") and names.count(b"date") == 1 and names.count(b"server") == 1, head
+    sent = double.headers[-1]
+    assert not {"authorization", "cookie", "upgrade", "http2-settings"} & set(sent), sent
