@@ -114,7 +114,7 @@ REQUESTS = [
     ("form-label", {"content": json.dumps(CHAT).encode(), "headers": {"content-type": "application/x-www-form-urlencoded"}}),
     ("headers", {"json": CHAT, "headers": {"authorization": "Bearer secret", "cookie": "session=1", "connection": "Upgrade, HTTP2-Settings, X-Hop",
                                             "upgrade": "h2c", "http2-settings": "AAMAAABkAAQCAAAAAAIAAAAA", "keep-alive": "timeout=5",
-                                            "te": "trailers", "proxy-authorization": "Basic x", "x-hop": "1", "x-agent": "kept"}}),
+                                            "te": "trailers", "trailer": "x-t", "proxy-authorization": "Basic x", "x-hop": "1", "x-agent": "kept"}}),
     ("unreachable", {"json": CHAT}),
 ]
 
@@ -206,7 +206,7 @@ def test_headers_passed_on(answers):
     res = answers[True]
     n = res.got["headers"][3]
     sent = res.seen[n - 1]  # what the engine received for the "headers" request
-    for h in ("authorization", "cookie", "upgrade", "http2-settings", "keep-alive", "te", "proxy-authorization", "x-hop"):
+    for h in ("authorization", "cookie", "upgrade", "http2-settings", "keep-alive", "te", "trailer", "proxy-authorization", "x-hop"):
         assert h not in sent, (h, sent)
     assert sent["content-type"] == "application/json" and sent["x-agent"] == "kept"
     back = res.got["headers"][1]
@@ -222,3 +222,7 @@ def test_nothing_recorded_for_refused_requests(answers):
     ok = [n for n, a in res.got.items() if a[0] == 200]
     assert sorted(ok) == ["form-label", "headers", "text-plain"]
     assert res.rows == len(ok)
+
+
+def test_the_default_body_limit_is_32_mib(tmp_path):
+    assert load_app(True, tmp_path).MAX_BODY_BYTES == 32 * 1024 * 1024

@@ -254,3 +254,22 @@ def test_plain_requests_unchanged(server):
         status, got = roundtrip(c, post_head(len(BODY), offer=False) + BODY)
         assert status == 200 and json.loads(got)["len"] == len(BODY)
     c.close()
+
+
+def test_every_uvicorn_server_of_the_stack_gets_the_patched_protocol():
+    """Trinity's proxy (serve_http: uvicorn.Config(app, host, port), no `http=` setting) and vLLM's
+    OpenAI server (vllm/entrypoints/launcher.py: uvicorn.Config(app, **uvicorn_kwargs), no `http`
+    among vLLM's uvicorn options) both run uvicorn's default "auto" protocol, which is httptools when
+    it is installed: the installed module, which `rftstack relax` patches."""
+    import inspect
+
+    from trinity.explorer.proxy import app as proxy_app
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    from vllm.entrypoints import launcher
+
+    assert "uvicorn.Config(app, host=host, port=port)" in inspect.getsource(proxy_app.serve_http)
+    assert "uvicorn.Config(app, **uvicorn_kwargs)" in inspect.getsource(launcher.serve_http)
+    config = uvicorn.Config(echo)
+    config.load()
+    assert config.http_protocol_class is AutoHTTPProtocol and AutoHTTPProtocol.__name__ == "HttpToolsProtocol"
+    assert uvicorn_helpers.MARK in Path(inspect.getsourcefile(AutoHTTPProtocol)).read_text(), "run `rftstack relax`"
