@@ -25,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-from rftstack import lockfile, policy  # noqa: E402
+from rftstack.stack import lockfile
+from rftstack.stack import policy  # noqa: E402
 
 
 def wheel_tags(python: str) -> list:

@@ -106,7 +106,7 @@ def write(outdir: Path, *, device: str = "cuda", seed: int = 0, progress=print, 
     import torch
     from safetensors.torch import save_file
 
-    from rftstack.tinymodel import _train_tokenizer
+    from rftstack.run.tinymodel import _train_tokenizer
 
     t0 = time.monotonic()
     tok = _train_tokenizer()
@@ -165,7 +165,7 @@ def ensure(path: Path, **kw) -> dict:
         return json.loads((path / MARKER).read_text())
     if path.exists() and any(path.iterdir()):
         raise SystemExit(f"model_3b: {path} exists but holds no complete bench model; remove it or pick another directory")
-    from rftstack.tinymodel import build_dir
+    from rftstack.run.tinymodel import build_dir
 
     return build_dir(path, lambda tmp: write(tmp, **kw))
 

@@ -96,7 +96,7 @@ def flags(variant: str) -> set[str]:
 
 def published_httptools_protocol(workdir: str) -> type:
     """uvicorn's HttpToolsProtocol as published: the installed module with the policy's patch reversed."""
-    from rftstack import patches, policy
+    from rftstack.stack import patches, policy
 
     import uvicorn
 

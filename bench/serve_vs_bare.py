@@ -220,7 +220,7 @@ def wait_gpu_free(limit_s: float = 30.0, below_mib: int = 2048) -> list[int] | N
 
 
 def listening_ports() -> set[int]:
-    from rftstack import netstat
+    from rftstack.doctor import netstat
 
     return {ln.port for ln in netstat.listeners()}
 
@@ -242,7 +242,7 @@ def find_openai_servers(ports: set[int], exclude: set[int]) -> list[str]:
 def trinity_config(path: Path, *, model: Path, label: str, max_model_len: int, gpu_util: float,
                    proxy_port: int, ckpt: Path, db_url: str | None) -> Path:
     """The report's serve config on ``model``, with the proxy on loopback and the bench's settings."""
-    from rftstack import report_config
+    from rftstack.run import report_config
 
     explorer = {"listen_address": "127.0.0.1", "proxy_port": proxy_port, **({"db_url": db_url} if db_url else {})}
     return report_config.write(path, model, max_model_len=max_model_len, checkpoint_root_dir=ckpt, temperature=1.0,

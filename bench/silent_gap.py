@@ -16,7 +16,7 @@ consecutive output lines, before ready), it reports per process the stacks sampl
 collapsed to their innermost frames (import machinery left out, so an import shows as the
 imported module's `<module>` line) and counted: DIR/gaps.json, and a
 summary on stdout. Used on the GPU host for the unlogged gap after vLLM's "init engine ... took"
-line (docs/benchmarks.md, section 2); runs anywhere (tests/test_bench_silent_gap.py).
+line (docs/benchmarks.md, section 2); runs anywhere (tests/bench/test_bench_silent_gap.py).
 
 --analyze DIR reads an earlier run's DIR/stacks without running anything: for each --time-in
 REGEX (matched against each sampled frame, e.g. 'block_pool.py:\\d+ __init__'), the wall time each
@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from rftstack import supervisor  # noqa: E402
+from rftstack.run import supervisor  # noqa: E402
 
 LIBDIR = re.compile(r".*/(?:site|dist)-packages/|.*/lib/python3\.\d+/")
 SAMPLER = Path(__file__).resolve().parent / "stack_sampler"

@@ -2,7 +2,7 @@
 Python: `PYTHONPATH=python .venv/bin/python docs/capture_problems.py`). Takes ~40 s.
 
 Real inputs throughout; the one test double is the driver (`report_server`: what NVML reports on the
-report's server, 570.133.20 with an RTX 5880 Ada), as in tests/test_doctor.py.
+report's server, 570.133.20 with an RTX 5880 Ada), as in tests/doctor/test_doctor.py.
 """
 
 import os
@@ -12,8 +12,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rftstack import doctor, policy, report_config, tinymodel
-from rftstack.checks import gpu, pyenv, vllm_api
+from rftstack.doctor.collect import collect as doctor
+from rftstack.stack import policy
+from rftstack.run import report_config
+from rftstack.run import tinymodel
+from rftstack.doctor.collect.checks import gpu, pyenv, vllm_api
 from rftstack.findings import render
 
 

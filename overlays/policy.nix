@@ -1,7 +1,7 @@
 # Python overlay: policy.toml applied to the installed files of each named distribution:
 #   [[relax]] and [[add]]: dist-info METADATA rewritten, RECORD re-hashed, so `pip check` in the env
 #     is clean (nix/scripts/dist-info-edit.sh);
-#   [[patch]]: the source patches of patches/, applied strictly by python/rftstack/patches.py (the
+#   [[patch]]: the source patches of patches/, applied strictly by python/rftstack/stack/patches.py (the
 #     same applier as `rftstack relax`), RECORD re-hashed.
 # The edits, patches and their shell arguments come from nix/lib/policy.nix (builtins.fromTOML;
 # patch files' sha256 checked at evaluation); both tools refuse files that do not match the

@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PYTHON_DIR = REPO / "python"
+from helpers import FAKE_TRINITY, ServeRun, rftstack_env, write_report_config
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """A real tiny Qwen2 model directory (rftstack.tinymodel), made once per test session."""
-    from rftstack import tinymodel
+    """A real tiny Qwen2 model directory (rftstack.run.tinymodel), made once per test session."""
+    from rftstack.run import tinymodel
 
     return tinymodel.ensure(tmp_path_factory.mktemp("models") / "tiny")
-
-
-def write_report_config(path: Path, model: Path, *, max_model_len: int | None = 2048) -> Path:
-    """The config of the user report (rftstack.report_config: mode serve, sync_method nccl, engine_num 1,
-    0.60) on ``model``, with max_model_len (None: as the report wrote it) and checkpoints next to ``path``."""
-    from rftstack import report_config
-
-    return report_config.write(path, model, max_model_len=max_model_len, checkpoint_root_dir=path.parent / "ckpt")
 
 
 @pytest.fixture
@@ -37,42 +23,10 @@ def report_config(tmp_path, tiny_model) -> Path:
     return write_report_config(tmp_path / "qwen3b.yaml", tiny_model)
 
 
-def run_python(code: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter of this environment (heavy imports stay out of pytest)."""
-    full_env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env,
-    )
-
-
-def run_cli(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run `rftstack ARGS` as a user would, in a subprocess."""
-    full_env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "rftstack", *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
-    )
-
-
-# ---- rftstack serve / ray-head -------------------------------------------------------------------
-
-ROOT = REPO
-FAKE_TRINITY = REPO / "tests" / "doubles" / "fake_trinity.py"
-
-
-def rftstack_env(**extra) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "FAKE_TRINITY"):
-        env.pop(k, None)
-    env.update(extra)
-    return env
-
-
 @pytest.fixture(scope="session")
 def session_head(tmp_path_factory):
     """One real loopback Ray head shared by the supervision tests (they join it)."""
-    from rftstack import ray_head
+    from rftstack.run import ray_head
 
     head = ray_head.start(state_dir=tmp_path_factory.mktemp("head"), num_gpus=0, num_cpus=1)
     try:
@@ -81,68 +35,11 @@ def session_head(tmp_path_factory):
         ray_head.stop(head, timeout=5, remove_temp=True)
 
 
-class ServeRun:
-    """`python -m rftstack serve ... --json` as a real child process."""
-
-    def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path):
-        self.run_dir = run_dir
-        # stderr (progress lines) goes to a file: a pipe nobody reads would block a long serve
-        self.stderr_path = run_dir.parent / f"{run_dir.name}.stderr"
-        self._stderr_file = open(self.stderr_path, "w")
-        if os.environ.get("RFTSTACK_TEST_SKIP_DOCTOR") == "1" and "--skip-doctor" not in args:
-            args = [*args, "--skip-doctor"]  # named knob: a host whose doctor FAILs for reasons recorded elsewhere
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rftstack", "serve", "--json", "--run-dir", str(run_dir), *args],
-            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True,
-        )  # fmt: skip
-        self.events: list[dict] = []
-        self.stderr = ""
-
-    def stderr_text(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def wait_event(self, name: str, timeout: float = 300) -> dict | None:
-        """Read JSON lines until event ``name`` (None if the process ended first)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            line = self.proc.stdout.readline()
-            if not line:
-                return None
-            ev = json.loads(line)
-            self.events.append(ev)
-            if ev["event"] == name:
-                return ev
-        raise AssertionError(f"no {name} event within {timeout} s")
-
-    def finish(self, timeout: float = 240) -> int:
-        out, _ = self.proc.communicate(timeout=timeout)
-        for line in out.splitlines():
-            self.events.append(json.loads(line))
-        self._stderr_file.close()
-        self.stderr = self.stderr_text()
-        return self.proc.returncode
-
-    def status(self) -> dict:
-        return json.loads((self.run_dir / "status.json").read_text())
-
-    def tags(self) -> list[str]:
-        try:
-            st = self.status()
-        except OSError:
-            return []
-        return [t for t in (st.get("tag"), (st.get("ray") or {}).get("tag")) if t]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-
-
 @pytest.fixture
 def serve_runner(tmp_path):
     runs: list[ServeRun] = []
 
-    def start(args: list[str], fake: str = "", **env_extra) -> ServeRun:
+    def start(args: list[str], fake: str = "", command: str = "serve", **env_extra) -> ServeRun:
         env = rftstack_env(
             RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}",
             FAKE_TRINITY=fake,
@@ -150,12 +47,12 @@ def serve_runner(tmp_path):
             XDG_CACHE_HOME=str(tmp_path / "cache"),
             **env_extra,
         )
-        run = ServeRun(args, env, tmp_path, tmp_path / f"run{len(runs)}")
+        run = ServeRun(args, env, tmp_path, tmp_path / f"run{len(runs)}", command=command)
         runs.append(run)
         return run
 
     yield start
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     for run in runs:  # never leave a serve behind, also on failure
         run.kill()

@@ -1,13 +1,14 @@
-"""A temporary site-packages holding a copy of the installed torch's real rendezvous.py (as
-published: un-patched with the policy patch's reverse when the venv's torch is patched already, as
-in CI after `rftstack relax`) and torch's real dist-info. The venv itself is never written."""
+"""Shared test code for the patch tests: temporary site-packages holding copies of the installed torch's and
+trinity-rft's real files (as published: un-patched with the policy patch's reverse when the venv's copy is patched
+already, as in CI after `rftstack relax`) and their real dist-info. The venv itself is never written."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from rftstack import patches, policy
+from rftstack.stack import patches
+from rftstack.stack import policy
 
 TORCH_REL = "torch/distributed/rendezvous.py"
 
@@ -38,3 +39,37 @@ def add_torch(site: Path) -> Path:
     real_info = next(real_site.glob("torch-*.dist-info"))
     shutil.copytree(real_info, site / real_info.name, ignore=shutil.ignore_patterns("licenses", "LICENSE*"))
     return site
+
+
+TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py",
+                 "trinity/explorer/proxy/recorder.py")
+
+
+def trinity_patches():
+    return [p for p in policy.load().patches if p.dist == "trinity-rft"]
+
+
+def add_trinity(site: Path) -> None:
+    """The installed trinity-rft's files that policy patches touch (un-patched), with its dist-info."""
+    import trinity
+
+    real_site = Path(trinity.__file__).parents[1]
+    texts = {rel: (real_site / rel).read_text() for rel in TRINITY_FILES}
+    for p in reversed(trinity_patches()):  # undo in the reverse order of application
+        for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
+            back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+            if "rftstack patch" in texts[fp.path]:
+                texts[fp.path] = patches.apply_text(texts[fp.path], back)[0]
+    for rel, text in texts.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    real_info = next(real_site.glob("trinity_rft-*.dist-info"))
+    (site / real_info.name).mkdir()
+    shutil.copy(real_info / "METADATA", site / real_info.name / "METADATA")
+    (site / real_info.name / "RECORD").write_text("".join(f"{rel},,\n" for rel in TRINITY_FILES))
+
+
+def add_trinity_proxy(site: Path) -> Path:
+    """Trinity's real (unpatched) files under ``site``; the path of its proxy app.py."""
+    add_trinity(site)
+    return site / "trinity/explorer/proxy/app.py"

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from rftstack import patches, policy
+from rftstack.stack import patches, policy
 
 PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 REL = "uvicorn/protocols/http/httptools_impl.py"

@@ -163,7 +163,7 @@ rec {
     builtins.listToAttrs (map (d: { name = d; value = one d; }) dists);
 
   # The shell command that applies a dist's policy patches to its installed files, run from a
-  # derivation's postInstall: python/rftstack/patches.py (next to policy.py, standard library
+  # derivation's postInstall: python/rftstack/stack/patches.py (next to policy.py, standard library
   # only) with --dist, so only this derivation's patches are applied; strict (exact context, the
   # installed version and the file's sha256 checked), RECORD re-hashed; a mismatch fails the build.
   #

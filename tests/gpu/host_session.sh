@@ -8,6 +8,7 @@
 # collect $LOGS. Never stop it with `pkill -f host_session.sh` from a remote shell whose own command
 # line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
 #   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve (issue 6)
+#   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
 #   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL (8)
 #   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
 #   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve (7)
@@ -54,6 +55,7 @@ for step in "${steps[@]}"; do
     t0=$(date +%s)
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
+        train) pytest_gpu train test_train_loop_gpu.py ;;
         rel) pytest_gpu rel test_reliability_gpu.py ;;
         kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
         tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;

@@ -64,7 +64,7 @@ def serve(tmp_path_factory):
     if not has_gpu():
         pytest.skip("no NVIDIA GPU here and no RFTSTACK_RUN_DIR of a running serve")
     from conftest import ServeRun, rftstack_env
-    from rftstack import report_config, supervisor, tinymodel
+    from rftstack.run import report_config, supervisor, tinymodel
 
     tmp = tmp_path_factory.mktemp("java")
     model = tinymodel.ensure(tmp / "cache" / "rftstack" / "tiny-model")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ServeRun, rftstack_env
+from helpers import ServeRun, rftstack_env
 from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -50,7 +50,8 @@ HOLD = ("import time, torch; free, total = torch.cuda.mem_get_info(); "
 
 
 def start(tmp: Path, name: str, *extra: str) -> ServeRun:
-    from rftstack import report_config, tinymodel
+    from rftstack.run import report_config
+    from rftstack.run import tinymodel
 
     model = tinymodel.ensure(tmp / "cache" / "rftstack" / "tiny-model")
     cfg = report_config.write(tmp / f"{name}.yaml", model, max_model_len=2048, project="rel", name=name)
@@ -60,7 +61,7 @@ def start(tmp: Path, name: str, *extra: str) -> ServeRun:
 
 def assert_all_stopped(run: ServeRun, tags: list[str], baseline_mib: int) -> float:
     """No process of the run left, none on the GPU, GPU memory back; returns seconds until it was."""
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     assert all(supervisor.tagged(tag) == [] for tag in tags)
     freed_after = memory_back_after(baseline_mib, 60)
@@ -141,7 +142,7 @@ def test_sigterm_while_the_engine_loads(tmp_path):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     tmp = tmp_path_factory.mktemp("rel")
     baseline = gpu_memory_used_mib()
@@ -175,7 +176,7 @@ def test_bad_requests_are_4xx(served):
 
 
 def test_64_clients_soak(served):
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     run, ready = served
     base, model = ready["base"], ready["model"]
@@ -247,7 +248,7 @@ def test_64_clients_soak(served):
 
 
 def test_worker_sigkill_during_load_keeps_committed_experiences(served):
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     run, ready = served
     base, model = ready["base"], ready["model"]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rftstack import patches, policy
+from rftstack.stack import patches
+from rftstack.stack import policy
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +28,7 @@ r = sys.modules["torch.distributed.rendezvous"]
 if sys.argv[1] != "-":
     exec(compile(open(sys.argv[1]).read(), sys.argv[1], "exec"), r.__dict__)
 sys.path.insert(0, sys.argv[2])
-from rftstack import netstat
+from rftstack.doctor import netstat
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, device_id=torch.device("cuda:0"))
 cpu = dist.new_group([0], backend="gloo")

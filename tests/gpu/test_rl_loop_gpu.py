@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ServeRun, rftstack_env
+from helpers import ServeRun, rftstack_env
 from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -69,7 +69,9 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from rftstack import report_config, supervisor, tinymodel
+    from rftstack.run import report_config
+    from rftstack.run import supervisor
+    from rftstack.run import tinymodel
 
     tmp = tmp_path_factory.mktemp("rl")
     model = tinymodel.ensure(tmp / "cache" / "rftstack" / "tiny-model")
@@ -181,7 +183,7 @@ def test_new_checkpoint_is_served_without_restart(served):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from rftstack import serve_config
+    from rftstack.run import serve_config
 
     before = [served.chat("hello world") for _ in range(2)]
     assert before[0] == before[1], "temperature 0 should be deterministic"
@@ -209,7 +211,8 @@ def test_new_checkpoint_is_served_without_restart(served):
 
 
 def test_nothing_listens_outside_loopback(served):
-    from rftstack import netstat, supervisor
+    from rftstack.doctor import netstat
+    from rftstack.run import supervisor
 
     by_inode = {l.inode: l for l in netstat.listeners()}
     socks = [(p.pid, " ".join(p.cmdline)[:80], by_inode[i]) for tag in served.run.tags() for p in supervisor.tagged(tag)
@@ -244,7 +247,7 @@ def test_ray_token_in_no_log_and_no_file_name(served):
 
 
 def test_sigint_stops_everything_and_frees_the_gpu(served):
-    from rftstack import supervisor
+    from rftstack.run import supervisor
 
     tags = served.run.tags()
     ours = {p.pid for tag in tags for p in supervisor.tagged(tag)}

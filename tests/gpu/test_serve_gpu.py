@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from rftstack import netstat, supervisor
+from rftstack.doctor import netstat
+from rftstack.run import supervisor
 
-from conftest import ServeRun, rftstack_env
+from helpers import ServeRun, rftstack_env
 from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

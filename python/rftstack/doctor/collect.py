@@ -1,0 +1,175 @@
+"""`rftstack doctor`: find, in seconds and without starting Ray or vLLM, each known way this stack
+breaks on a server, and say in one sentence what is wrong and how to fix it.
+
+The checks live in ``rftstack.doctor.checks.*`` (pure decisions over facts their readers gather); this
+module reads the facts once, runs the checks in order and prints the findings. Nothing heavy is
+imported here: torch, vllm, ray and trinity stay out of this process (the config check runs
+Trinity's own validation in a subprocess, the one slow step, only with ``-c``).
+
+`rftstack serve` calls :func:`collect` first and refuses to start on a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import os
+import sys
+from typing import Callable, Iterable
+
+from rftstack import findings as F
+from rftstack.errors import UserError
+from rftstack.findings import FAIL, Finding
+
+# Check groups, in the order they run; --skip takes these names.
+CHECKS: dict[str, str] = {
+    "gpu": "NVIDIA driver, highest CUDA it runs, GPUs and their memory",
+    "elf": "CUDA major of torch/vllm/flashinfer/nvidia binaries (ELF DT_NEEDED) against the driver",
+    "toolchain": "ptxas (Triton) and nvcc (FlashInfer JIT) against the driver",
+    "pyenv": "installed requirements (pip check) and source patches against the policy",
+    "vllm-api": "the vLLM APIs Trinity's serve path needs (source read with ast)",
+    "config": "-c CONFIG read, then validated by Trinity's own code in a subprocess",
+    "rl-loop": "whether the served model can ever pick up a new checkpoint",
+    "model": "model directory, architecture, tokenizer/chat template, weights vs GPU memory",
+    "network": "proxy and Ray ports free; who can reach the proxy's listen address",
+    "ray": "a running Ray cluster and whether it answers",
+}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+class _Run:
+    """Runs one check group, turning a crash of the doctor itself into a finding (not a traceback)."""
+
+    def __init__(self, skip: set[str]):
+        self.skip = skip
+        self.out: list[Finding] = []
+
+    def __call__(self, name: str, fn: Callable[[], Iterable[Finding]]):
+        if name in self.skip:
+            return
+        try:
+            self.out.extend(fn())
+        except Exception as exc:  # a bug in a check must not hide the other checks' findings
+            self.out.append(Finding(name, FAIL, f"The doctor's {name} check crashed ({type(exc).__name__}: {exc}).",
+                                    "Report this as an rftstack bug with `rftstack doctor --skip " + name + "` output attached."))
+
+
+def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, skip: Iterable[str] = (),
+            progress: Callable[[str], None] | None = None, python: str | None = None) -> list[Finding]:
+    """Every finding about this machine and, with ``config_path``, that config.
+
+    ``gpu_reader``: a callable returning a ``checks.gpu.GpuInfo``; None reads the real driver (NVML,
+    /proc, nvidia-smi). Tests pass a named test double here, the one thing not on a CPU machine.
+    ``python``: the interpreter for Trinity's config subprocess (default: this one).
+    """
+    from rftstack.doctor import netstat
+    from rftstack.stack import policy as policy_mod
+    from rftstack.doctor.checks import config as config_check
+    from rftstack.doctor.checks import elf, gpu, model, network, policy_patches, pyenv, ray_cluster, rlloop, toolchain, vllm_api
+
+    skip = set(skip)
+    unknown = skip - set(CHECKS)
+    if unknown:
+        raise UserError(f"unknown check {', '.join(sorted(unknown))}; choose from {', '.join(CHECKS)}")
+    say = progress or (lambda msg: None)
+    env = dict(env)
+    run = _Run(skip)
+
+    info = (gpu_reader or gpu.read)()
+    max_cuda = info.max_cuda
+    try:
+        policy = policy_mod.load(env.get("RFTSTACK_POLICY"))
+    except policy_mod.PolicyError as exc:
+        policy = None
+        run.out.append(Finding("policy", FAIL, str(exc), "Reinstall rftstack."))
+    vllm_version = _version("vllm") or "?"
+
+    run("gpu", lambda: gpu.check(info))
+    run("elf", lambda: elf.check(elf.scan(), max_cuda, info.driver_version, policy))
+    run("toolchain", lambda: toolchain.check(
+        toolchain.find_ptxas(env, blackwell=bool(info.gpus and info.gpus[0].compute_capability and info.gpus[0].compute_capability >= (10, 0))),
+        toolchain.find_nvcc(env), max_cuda, env))
+    if policy is not None:
+        run("pyenv", lambda: pyenv.check(pyenv.installed(), policy, **pyenv.context()))
+        run("pyenv", lambda: policy_patches.check(policy_patches.plans(policy), policy))
+    vllm_root = vllm_api.package_dir("vllm")
+    trinity_root = vllm_api.package_dir("trinity")
+    run("vllm-api", lambda: vllm_api.check(trinity_root, vllm_root, vllm_version))
+
+    raw = None
+    if config_path is not None:
+        if "config" in skip:
+            try:
+                raw = config_check.load_yaml(config_path)
+            except config_check.ConfigFileError as exc:
+                run.out.append(Finding("config.file", FAIL, exc.problem, exc.fix))
+        else:
+            raw, file_findings = config_check.check_file(config_path)
+            run.out.extend(file_findings)
+            if raw is not None:
+                say("checking the config with Trinity's own code (a subprocess that imports torch/ray/verl, about 15 s)...")
+                mpath = config_check.model_path(raw)
+                run("config", lambda: config_check.check_trinity(
+                    config_check.run_probe(config_path, max(1, len(info.gpus)), python=python),
+                    raw, config_check.read_model_config(mpath), config_path))
+    if raw is not None:
+        get = config_check.get
+        run("rl-loop", lambda: rlloop.check(
+            int(get(raw, "explorer.rollout_model.engine_num", rlloop.DEFAULT_ENGINE_NUM)),
+            int(get(raw, "explorer.min_running_model_num", rlloop.DEFAULT_MIN_RUNNING)),
+            config_check.is_set(raw, "explorer.min_running_model_num"),
+            rlloop.sync_gate((trinity_root / rlloop.SERVICE).read_text()) if trinity_root and (trinity_root / rlloop.SERVICE).is_file() else None,
+            get(raw, "mode", "serve")))
+
+        def model_findings():
+            reg = vllm_root / model.REGISTRY if vllm_root else None
+            return model.check(
+                config_check.model_path(raw),
+                registry_source=reg.read_text() if reg and reg.is_file() else None,
+                vllm_version=vllm_version, gpu=info,
+                gpu_memory_utilization=float(get(raw, "explorer.rollout_model.gpu_memory_utilization", 0.9)),
+                max_model_len=get(raw, "explorer.rollout_model.max_model_len") or get(raw, "model.max_model_len"))
+        run("model", model_findings)
+
+    ray_address, ray_source = ray_cluster.find_address(env)
+    ray_ok = ray_cluster.reachable(ray_address) if ray_address and not ray_address.startswith("ray://") else (None, "")
+    run("network", lambda: network.check(
+        int(config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)),
+        str(config_check.get(raw or {}, "explorer.listen_address", network.DEFAULT_LISTEN)),
+        netstat.listeners(),
+        ray_address if ray_ok[0] else None,
+        listen_is_default=not config_check.is_set(raw or {}, "explorer.listen_address")))
+    run("ray", lambda: ray_cluster.check(ray_address, ray_source, ray_ok[0], ray_ok[1]))
+    return run.out
+
+
+def summary(found: list[Finding]) -> str:
+    counts = {s: sum(1 for f in found if f.status == s) for s in (F.OK, F.INFO, F.WARN, FAIL)}
+    verdict = "the stack cannot serve here until the failures are fixed" if counts[FAIL] else "nothing blocks serving"
+    return f"{counts[F.OK]} ok, {counts[F.INFO]} info, {counts[F.WARN]} warnings, {counts[FAIL]} failures: {verdict}."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", metavar="CONFIG", help="Trinity YAML to check (also validated by Trinity itself, ~15 s)")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--skip", metavar="CHECK", action="append", default=[], choices=list(CHECKS),
+                        help="skip a check group (repeatable): " + ", ".join(CHECKS))
+
+
+def run(args) -> int:
+    def progress(msg):
+        print(f"rftstack doctor: {msg}", file=sys.stderr, flush=True)
+
+    found = collect(args.config, skip=set(args.skip), progress=progress)
+    if args.json:
+        print(F.to_json(found, command="doctor", config=args.config))
+    else:
+        print(F.render(found))
+        print(summary(found))
+    return F.exit_code(found)

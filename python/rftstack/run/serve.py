@@ -1,0 +1,517 @@
+"""`rftstack serve`: preflight, a loopback Ray head, then `trinity run` in serve mode, supervised.
+
+Phases (status.json "phase"): preflight -> ray -> config -> trinity -> loading -> ready ->
+stopping -> stopped | failed. If trinity or Ray dies, the other is stopped and the exit code is 1;
+SIGINT/SIGTERM stop trinity first (SIGINT to its process group, then SIGTERM, then SIGKILL), then
+Ray, and every process carrying this serve's tags is gone before the command returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from rftstack.doctor import netstat
+from rftstack.run import ray_head
+from rftstack.run import readiness
+from rftstack.run import rundir
+from rftstack.run import serve_config
+from rftstack.run import supervisor
+from rftstack.errors import UserError
+
+TRINITY_CMD_VAR = "RFTSTACK_TRINITY_CMD"  # e.g. "python tests/doubles/fake_trinity.py" (tests)
+PROGRESS_EVERY_S = 10.0
+
+
+# ---- small decisions (pure) ---------------------------------------------------------------------
+
+
+def choose_port(flag: int | None, configured: int | None, in_use, free_port) -> tuple[int, str]:
+    """The proxy port: --port (0 = any free one), else the config's, else trinity's 8010 or a free
+    one when 8010 is taken. Raises UserError when an explicitly asked port is taken."""
+    if flag == 0:
+        return free_port(), "--port 0: a free port"
+    asked = flag if flag is not None else configured
+    if asked is not None:
+        if in_use(asked):
+            src = "--port" if flag is not None else "explorer.proxy_port"
+            raise UserError(f"port {asked} ({src}) is already in use on this machine; stop what listens there or pass --port 0")
+        return int(asked), "as asked"
+    if in_use(serve_config.DEFAULT_PROXY_PORT):
+        return free_port(), f"trinity's default {serve_config.DEFAULT_PROXY_PORT} is in use; a free port"
+    return serve_config.DEFAULT_PROXY_PORT, "trinity's default"
+
+
+def trinity_command(environ: dict) -> list[str]:
+    if environ.get(TRINITY_CMD_VAR):
+        return shlex.split(environ[TRINITY_CMD_VAR])
+    here = Path(sys.executable).with_name("trinity")
+    if here.exists():
+        return [str(here)]
+    return [sys.executable, "-m", "trinity.cli.launcher"]
+
+
+def find_nvcc(environ: dict) -> str | None:
+    cuda_home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    if cuda_home and Path(cuda_home, "bin", "nvcc").exists():
+        return str(Path(cuda_home, "bin", "nvcc"))
+    return shutil.which("nvcc", path=environ.get("PATH"))
+
+
+def cache_dir(environ: dict) -> Path:
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "rftstack"
+
+
+def model_max_len(model_path: str) -> int | None:
+    try:
+        data = json.loads(Path(model_path, "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+def unmarked_steps(job_dir) -> list[str]:
+    """``global_step_N`` directories of a checkpoint job dir without a ``.full_checkpoint`` marker."""
+    try:
+        entries = sorted(Path(job_dir).iterdir())
+    except OSError:
+        return []
+    steps = [e for e in entries if e.is_dir() and e.name.startswith("global_step_") and e.name[12:].isdigit()]
+    return [e.name for e in sorted(steps, key=lambda e: int(e.name[12:])) if not (e / ".full_checkpoint").exists()]
+
+
+def guard_checkpoints(job_dir: str) -> None:
+    """Refuse a checkpoint dir whose existing steps Trinity's synchronizer would delete
+    (trinity/manager/synchronizer.py `_remove_previous_state_dict`: no marker, rmtree)."""
+    steps = unmarked_steps(job_dir)
+    if steps:
+        first = f"{job_dir}/{steps[0]}"
+        more = f" (and {len(steps) - 1} more)" if len(steps) > 1 else ""
+        raise UserError(
+            f"{first}{more} has no .full_checkpoint marker, and Trinity's synchronizer deletes such a directory after it "
+            f"loads a newer step; move it out of {job_dir} or mark it to keep (touch {first}/.full_checkpoint)"
+        )
+
+
+def patch_warnings() -> list[str]:
+    """The policy's source patches that are not applied to the installed packages."""
+    import importlib.util
+
+    from rftstack.stack import patches
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return []
+    site = Path(spec.origin).parents[1]
+    return [
+        f"{name} is {st} in {site} (policy.toml [[patch]] says what goes wrong without it); "
+        f"run `{sys.executable} -m rftstack.stack.patches {site}` (part of the install)"
+        for name, st in patches.state(site)
+        if st != "applied"
+    ]
+
+
+# ---- the shell ----------------------------------------------------------------------------------
+
+
+class HeadStarter:
+    """Start this serve's own Ray head in a thread (``with`` block), overlapping the preflight.
+
+    On leaving the block the thread is joined and the head, if it came up, is handed to the serve
+    at once, so that a failing preflight (or a signal) still has it stopped by the teardown.
+    """
+
+    def __init__(self, serve: "Serve", num_gpus: int | None):
+        self.serve = serve
+        self.num_gpus = num_gpus
+        self.head: ray_head.Head | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._start, name="ray-head-start", daemon=True)
+
+    def _start(self) -> None:
+        run = self.serve.run
+        try:
+            self.head = ray_head.start(state_dir=run.root / "ray-head", num_gpus=self.num_gpus,
+                                       log_path=run.log("ray-start.log"), progress=self.serve.say)  # fmt: skip
+        except BaseException as exc:  # re-raised in the main thread by result()
+            self.error = exc
+
+    def __enter__(self) -> "HeadStarter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.thread.join()
+        self.serve.head = self.head  # the teardown stops it whatever happened in the block
+        if self.head is not None and self.serve.status is not None:
+            self.serve.status.update(ray={"address": self.head.address, "tag": self.head.tag})
+        if exc_type is not None:
+            self.serve.quick_head_stop = True  # a head nobody used: no grace period
+
+    def result(self) -> ray_head.Head:
+        if self.error is not None:
+            raise self.error
+        return self.head
+
+
+class Serve:
+    def __init__(self, args):
+        self.args = args
+        self.run: rundir.RunDir | None = None
+        self.status: rundir.Status | None = None
+        self.head: ray_head.Head | None = None
+        self.trinity = None
+        self.pump = None
+        self.engines: dict[int, str] = {}  # vLLM engine processes seen at ready (pid -> title)
+        self.quick_head_stop = False
+        self.trinity_log: rundir.RotatingLog | None = None
+        self.serve_log = None
+        self.tag = f"serve-{uuid.uuid4().hex[:12]}"
+        self.signals: list[str] = []
+        self.t0 = time.monotonic()
+
+    # -- output
+    def say(self, msg: str) -> None:
+        stamp = f"[{time.monotonic() - self.t0:6.1f}s]"
+        print(f"{stamp} {msg}", file=sys.stderr if self.args.json else sys.stdout, flush=True)
+        if self.serve_log is not None:
+            self.serve_log.write(f"{rundir.now_iso()} {msg}")
+
+    def event(self, name: str, **data) -> None:
+        if self.args.json:
+            print(json.dumps({"event": name, **data}), flush=True)
+
+    def phase(self, name: str, **fields) -> None:
+        if self.status is not None:
+            self.status.update(phase=name, **fields)
+
+    def _on_signal(self, signum, frame) -> None:
+        # only record it: printing here could re-enter a write the main thread is in the middle of
+        self.signals.append(signal.Signals(signum).name)
+
+    # -- main
+    def main(self) -> int:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        supervisor.set_subreaper()
+        reason, code = "crashed (a bug in rftstack: see the traceback)", 70
+        try:
+            reason, code = self._serve()
+        except UserError as exc:
+            reason, code = str(exc), exc.exit_code
+            if self.run is None:
+                raise
+            self.say(f"error: {exc}")
+        finally:
+            stopped_clean = self._teardown()
+            if self.status is not None:
+                if not stopped_clean and code == 0:
+                    reason, code = reason + "; some processes survived SIGKILL", 1
+                self.phase("stopped" if code == 0 else "failed", exit_reason=reason, exit_code=code, stopped_at=rundir.now_iso())
+        if self.run is not None:
+            self.say(f"exit {code}: {reason}; run directory {self.run.root}")
+            self.event("exit", code=code, reason=reason, run_dir=str(self.run.root))
+        return code
+
+    def _interrupted(self) -> bool:
+        return bool(self.signals)
+
+    def _serve(self) -> tuple[str, int]:
+        args = self.args
+        self.run = rundir.create(args.run_dir, base=args.runs_base)
+        self.serve_log = rundir.RotatingLog(self.run.log("serve.log"))
+        self.status = rundir.Status(self.run.status, run_dir=str(self.run.root), supervisor_pid=os.getpid(), tag=self.tag)
+        self.say(f"run directory {self.run.root}")
+
+        user_cfg, _ = self._user_config()
+        if self._interrupted():
+            return "stopped by signal", 0
+
+        # -- decisions that do not need Ray; the preflight checks the config trinity will run
+        port, port_why = choose_port(
+            args.port,
+            serve_config.get(user_cfg, "explorer.proxy_port"),
+            in_use=netstat.port_in_use,
+            free_port=lambda: ray_head.free_ports(1)[0],
+        )
+        model_path = serve_config.get(user_cfg, "model.model_path")
+        max_len = model_max_len(model_path) if isinstance(model_path, str) else None
+
+        def make(ray_address: str):
+            return serve_config.effective(user_cfg, run_dir=str(self.run.root), ray_address=ray_address,
+                                          proxy_port=port, expose=args.expose, model_max_len=max_len)  # fmt: skip
+
+        pre, _ = make(args.ray_address or "auto")
+        preflight = self.run.root / "config.preflight.yaml"
+        rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
+        if args.ray_address:
+            token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            if not token:
+                raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
+            self._preflight(str(preflight))
+        else:
+            # an own head starts while the preflight runs (both take seconds; neither needs the
+            # other): the head is stopped again by the teardown if the preflight fails
+            with HeadStarter(self, args.num_gpus) as starter:
+                self._preflight(str(preflight))
+            self.head = starter.result()
+        guard_checkpoints(serve_config.job_dir(pre))
+        if self._interrupted():
+            return "stopped by signal", 0
+
+        # -- Ray
+        self.phase("ray")
+        if args.ray_address:
+            ray_env = ray_head.client_env(args.ray_address, str(Path(token).absolute()))
+            ray_address = args.ray_address
+            self.say(f"joining the Ray head at {ray_address} (not started here, not stopped here)")
+        else:
+            (self.run.root / "ray").symlink_to(self.head.temp_dir)
+            ray_env, ray_address = self.head.env(), self.head.address
+            self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": self.head.dashboard_url,
+                                   "pids": [p.pid for p in self.head.processes()], "tag": self.head.tag})  # fmt: skip
+        if self._interrupted():
+            return "stopped by signal", 0
+
+        # -- effective config and environment
+        self.phase("config")
+        cfg, changes = make(ray_address)
+        rundir.write_atomic(self.run.config, yaml.safe_dump(cfg, sort_keys=False))
+        rundir.write_atomic(self.run.changes, json.dumps([c.__dict__ for c in changes], indent=2, default=str) + "\n")
+        self.say(f"proxy port {port} ({port_why})")
+        self.say(f"effective config {self.run.config} ({len(changes)} change(s)):")
+        for c in changes:
+            self.say(f"  {c.render()}")
+        for w in serve_config.warnings(cfg, expose=args.expose) + patch_warnings():
+            self.say(f"WARNING: {w}")
+        env, notes = serve_config.environment(
+            dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)), expose=args.expose
+        )
+        for n in notes:
+            self.say(f"env: {n}")
+        host = serve_config.get(cfg, "explorer.listen_address")
+        base_url = f"http://{serve_config.LOOPBACK if host in ('0.0.0.0', '::') else host}:{port}"
+
+        # -- trinity
+        self.phase("trinity", proxy_port=port, listen_address=host)
+        argv = trinity_command(dict(os.environ)) + ["run", "--config", str(self.run.config)]
+        self.trinity_log = rundir.RotatingLog(self.run.log("trinity.log"))
+        self.trinity_log.write(f"# {' '.join(argv)}")
+        self.trinity, self.pump = supervisor.spawn(argv, env=env, cwd=str(self.run.root), sink=self.trinity_log.write)
+        self.say(f"trinity started (pid {self.trinity.pid}): {' '.join(argv)}; log {self.run.log('trinity.log')}")
+        self.phase("loading", trinity_pid=self.trinity.pid)
+
+        # -- wait until ready
+        deadline = time.monotonic() + args.ready_timeout
+        t_load, last_progress = time.monotonic(), 0.0
+        while True:
+            dead = self._dead()
+            if dead:
+                return dead, 1
+            if self._interrupted():
+                return "stopped by signal before ready", 0
+            ready = readiness.check(base_url, timeout=3)
+            if ready.ok:
+                break
+            now = time.monotonic()
+            if now > deadline:
+                return self._fail(f"the proxy at {base_url} was not ready after {args.ready_timeout:.0f} s ({ready.detail})")
+            if now - last_progress >= PROGRESS_EVERY_S:
+                last_progress = now
+                line = readiness.last_meaningful(self.pump.tail(50)) or "(no output yet)"
+                self.say(f"loading {now - t_load:.0f} s: {line}")
+            time.sleep(1.0)
+
+        # -- ready
+        model = ready.models[0]
+        job = serve_config.job_dir(cfg)
+        data = {
+            "checkpoint_job_dir": job,
+            "proxy_history": serve_config.get(cfg, "explorer.db_url") or f"sqlite:///{job}/buffer/proxy_history.db",
+            "explorer_output": f"sqlite:///{job}/buffer/explorer_output.db",
+            "experience_buffer": serve_config.get(cfg, "buffer.trainer_input.experience_buffer.path"),
+        }
+        self.phase("ready", ready_at=rundir.now_iso(), endpoint=f"{base_url}/v1", model=model, data=data,
+                   ready_after_s=round(time.monotonic() - self.t0, 1))  # fmt: skip
+        self.say(f"READY after {time.monotonic() - self.t0:.0f} s: OpenAI endpoint {base_url}/v1 (model {model!r})")
+        self.say(f"  try: {readiness.curl_example(base_url, model)}")
+        self.say(f"  feedback: POST {base_url}/feedback, commit: POST {base_url}/commit, metrics: GET {base_url}/metrics")
+        for k, v in data.items():
+            self.say(f"  data: {k} = {v}")
+        if serve_config.get(cfg, "explorer.min_running_model_num") == 0:
+            self.say("  note: when a new checkpoint appears the engine reloads it; requests wait during a reload")
+        # Trinity's proxy answers /health with 200 whatever its engine does, and Trinity lives on when
+        # an engine process dies (seen on the H200: a killed VLLM::Worker left serve "ready" for good):
+        # watch vLLM's own processes, so a dead engine ends the serve. They are children of Ray's
+        # workers, so only a head of this serve's own lets us find them.
+        if self.head is not None:
+            self.engines = {**supervisor.engine_processes(self.tag), **supervisor.engine_processes(self.head.tag)}
+            if self.engines:
+                self.say("  watching the engine's processes: " + ", ".join(f"{t} (pid {p})" for p, t in sorted(self.engines.items())))
+        else:
+            self.say("  note: the engine's processes run under a Ray head not started by this serve, so they are not watched")
+        self.event("ready", endpoint=f"{base_url}/v1", model=model, run_dir=str(self.run.root), data=data,
+                   status=str(self.run.status))  # fmt: skip
+
+        # -- supervise
+        while True:
+            dead = self._dead()
+            if dead:
+                return dead, 1
+            if self._interrupted():
+                return f"stopped by {self.signals[0]}", 0
+            time.sleep(1.0)
+
+    def _user_config(self) -> tuple[dict, str]:
+        args = self.args
+        if args.config:
+            path = Path(args.config)
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise UserError(f"cannot read the config {path} ({exc.strerror}); pass an existing YAML file with -c") from None
+            try:
+                cfg = yaml.safe_load(text) or {}
+            except yaml.YAMLError as exc:
+                raise UserError(f"the config {path} is not valid YAML ({str(exc).splitlines()[0]}); fix the file") from None
+            shutil.copyfile(path, self.run.user_config)
+            self.say(f"config {path.absolute()}")
+            return cfg, str(path.absolute())
+        from rftstack.run import tinymodel
+
+        model = cache_dir(os.environ) / "tiny-model"
+        if not tinymodel.is_complete(model):
+            self.say(f"no -c given: generating the tiny model once in {model}")
+        tinymodel.ensure(model)
+        gpus = ray_head.detect_gpus() if self.args.num_gpus is None else self.args.num_gpus
+        cfg = serve_config.default_config(str(model), gpus=gpus)
+        self.run.user_config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.say(f"no -c given: serving the embedded default (tiny model {model}), config {self.run.user_config}")
+        return cfg, str(self.run.user_config)
+
+    def _preflight(self, config_path: str) -> None:
+        self.phase("preflight")
+        if self.args.skip_doctor:
+            self.say("preflight skipped (--skip-doctor)")
+            return
+        try:
+            from rftstack.doctor.collect import collect
+        except ImportError as exc:
+            raise UserError(
+                f"the preflight checks (rftstack.doctor.collect) are not in this install ({exc}); update rftstack, or pass --skip-doctor to serve without them"
+            ) from None
+        from rftstack.findings import FAIL, render
+
+        self.say("preflight: rftstack doctor")
+        findings = collect(config_path, progress=lambda m: self.say(f"  {m}"))
+        text = render(findings)
+        if text:
+            for line in text.splitlines():
+                self.say(f"  {line}")
+        failed = [f for f in findings if f.status == FAIL]
+        if failed:
+            raise UserError(f"preflight failed ({len(failed)} check(s): {', '.join(f.check for f in failed)}); fix them or pass --skip-doctor", 1)
+
+    def _dead(self) -> str | None:
+        """Why the serve cannot go on (trinity or Ray died), or None."""
+        rc = self.trinity.poll() if self.trinity is not None else None
+        if rc is not None:
+            return self._fail(f"trinity exited with code {rc}")[0]
+        if self.head is not None and self.head.gcs_pid() is None:
+            return self._fail("the Ray head's GCS died")[0]
+        for pid, title in sorted(self.engines.items()):
+            if not supervisor.alive(pid):
+                return self._fail(f"the vLLM engine's process {title} (pid {pid}) exited while serving, so requests can no longer be answered")[0]
+        return None
+
+    def _fail(self, why: str) -> tuple[str, int]:
+        self.say(f"FAILED: {why}")
+        if self.pump is not None:
+            time.sleep(0.3)  # let the pump read the last lines
+            tail = self.pump.tail(25)
+            if tail:
+                self.say(f"last lines of {self.run.log('trinity.log')}:")
+                for line in tail:
+                    self.say(f"  | {readiness.clean(line)}")
+        return why, 1
+
+    def _teardown(self) -> bool:
+        """Stop trinity, then Ray; True when nothing of this serve is left."""
+        if self.run is None:
+            return True
+        self.phase("stopping")
+        if self.signals:
+            self.say(f"{self.signals[0]} received: stopping (send it again to skip the grace periods)")
+        fast = len(self.signals) > 1
+        timeout = self.args.stop_timeout
+        clean = True
+        if self.trinity is not None:
+            if self.trinity.poll() is None:
+                self.say(f"stopping trinity (SIGINT to its process group, up to {timeout:.0f} s)")
+            res = supervisor.stop(
+                tag=self.tag,
+                pgid=self.trinity.pid,
+                first=signal.SIGINT,
+                grace_s=0 if fast else timeout * 0.6,
+                term_s=0 if fast else timeout * 0.4,
+                keep_reaping=[self.trinity.pid],
+                leader=self.trinity.pid,
+                hurry=lambda: len(self.signals) > 1,
+            )
+            try:
+                self.trinity.wait(timeout=5)
+            except Exception:
+                pass
+            if res.signals:
+                self.say(f"trinity stopped ({', '.join(res.signals)}, {res.seconds:.1f} s)")
+            if res.left:
+                clean = False
+                self.say(f"still alive after SIGKILL: {[(p.pid, p.cmdline[:60]) for p in res.left]}")
+            if self.pump is not None:
+                self.pump.join(timeout=5)
+        if self.head is not None:
+            self.say("stopping the Ray head")
+            res = ray_head.stop(self.head, timeout=0 if fast or self.quick_head_stop else 10, hurry=lambda: len(self.signals) > 1)
+            if res.left:
+                clean = False
+                self.say(f"still alive after SIGKILL: {[(p.pid, p.cmdline[:60]) for p in res.left]}")
+            else:
+                self.say(f"Ray head stopped ({', '.join(res.signals) or 'already gone'}, {res.seconds:.1f} s)")
+        supervisor.reap_orphans()
+        if self.trinity_log is not None:
+            self.trinity_log.close()
+        return clean
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+
+def configure(parser) -> None:
+    parser.add_argument("-c", "--config", help="trinity serve config (YAML); default: the embedded tiny-model smoke test")
+    parser.add_argument("--run-dir", help="the run directory (must be new or empty); default ./rftstack-runs/<timestamp>")
+    parser.add_argument("--runs-base", default=rundir.DEFAULT_BASE, help="where run directories are made (default ./rftstack-runs)")
+    parser.add_argument("--port", type=int, default=None, help="proxy port (default: the config's, else 8010; 0: any free port)")
+    parser.add_argument("--expose", action="store_true", help="let the proxy listen on the network (default: 127.0.0.1 only)")
+    parser.add_argument("--ray-address", help="join this Ray head instead of starting one (it is not stopped at exit)")
+    parser.add_argument("--ray-token-path", help="the token file of the head given by --ray-address")
+    parser.add_argument("--num-gpus", type=int, default=None, help="GPUs for the Ray head (default: detected)")
+    parser.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks (experts)")
+    parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the proxy (default 900)")
+    parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds trinity gets to stop before SIGKILL (default 60)")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout (events ready/exit); progress on stderr")
+
+
+def run(args) -> int:
+    return Serve(args).main()

@@ -1,0 +1,123 @@
+"""bench/loadgen.py against a TEST DOUBLE OpenAI server on loopback (vLLM needs a GPU)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+import loadgen  # noqa: E402
+from openai_double import MODEL_ID, OpenAIDouble  # noqa: E402
+
+
+def run_loadgen(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bench/loadgen.py"), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_percentile_matches_numpy():
+    import numpy as np
+
+    xs = [0.3, 0.1, 0.7, 0.2, 0.9, 0.5, 0.4]
+    for q in (0, 50, 90, 99, 100):
+        assert loadgen.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert loadgen.percentile([], 50) is None
+    assert loadgen.percentile([2.0], 99) == 2.0
+
+
+def test_prompts_are_deterministic_and_distinct():
+    a, b = loadgen.prompts(16), loadgen.prompts(16)
+    assert a == b and len(set(a)) == 16
+    assert loadgen.prompts(4, seed=1) != loadgen.prompts(4, seed=0)
+
+
+def test_counts_tokens_errors_and_short_outputs(tmp_path):
+    # request k fails when k % 5 == 0, and is one token short when k % 7 == 0 (and not failing)
+    out = tmp_path / "r.json"
+    with OpenAIDouble(fail_every=5, short_every=7) as srv:
+        r = run_loadgen("--base-url", srv.base_url, "--concurrency", "1,4", "--requests", "20",
+                        "--max-tokens", "7", "--warmup", "0", "--label", "double", "--out", str(out))
+        bodies = list(srv.bodies)
+    assert r.returncode == 3, r.stderr  # errors happened: non-zero
+    res = json.loads(out.read_text())
+    assert res["model"] == MODEL_ID and res["label"] == "double"
+    l1, l4 = res["levels"]
+    # level 1: requests 1..20 -> failures 5,10,15,20; short 7,14
+    assert (l1["concurrency"], l1["requests"], l1["ok"], l1["errors"]) == (1, 20, 16, 4)
+    assert l1["error_kinds"] == {"http_500": 4}
+    assert l1["short_outputs"] == 2 and l1["output_tokens"] == 16 * 7 - 2
+    # level 4: requests 21..40 -> failures 25,30,35,40; short 21,28 (35 fails)
+    assert (l4["concurrency"], l4["ok"], l4["errors"], l4["short_outputs"]) == (4, 16, 4, 2)
+    assert l4["output_tokens"] == 16 * 7 - 2
+    for lv in (l1, l4):
+        assert lv["output_tokens_per_s"] == pytest.approx(lv["output_tokens"] / lv["wall_s"], rel=1e-3)
+        lat = lv["latency_s"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+        assert not lv["truncated"]
+    assert len(bodies) == 40
+    assert all(b["ignore_eos"] is True and b["max_tokens"] == 7 and b["model"] == MODEL_ID for b in bodies)
+    assert not any("logprobs" in b for b in bodies)
+
+
+def test_like_proxy_sends_what_trinitys_proxy_adds(tmp_path):
+    with OpenAIDouble() as srv:
+        r = run_loadgen("--base-url", srv.base_url, "--concurrency", "2", "--requests", "4", "--max-tokens", "3",
+                        "--like-proxy", "--temperature", "0.5", "--json")
+        bodies = list(srv.bodies)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["levels"][0]["ok"] == 4
+    assert len(bodies) == 4 + 2  # two warm-up requests by default
+    assert all(b["logprobs"] is True and b["return_token_ids"] is True and b["temperature"] == 0.5 for b in bodies)
+
+
+def test_level_time_limit_truncates():
+    with OpenAIDouble(delay_s=0.2) as srv:
+        r = run_loadgen("--base-url", srv.base_url, "--concurrency", "2", "--requests", "500", "--max-tokens", "2",
+                        "--warmup", "0", "--level-timeout", "0.5", "--json")
+    assert r.returncode == 0, r.stderr
+    lv = json.loads(r.stdout)["levels"][0]
+    assert lv["truncated"] and 0 < lv["requests"] < 500 and lv["errors"] == 0
+
+
+def test_unreachable_server_is_one_sentence():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run_loadgen("--base-url", f"http://127.0.0.1:{port}", "--concurrency", "1", "--requests", "1")
+    assert r.returncode == 1
+    assert "cannot reach" in r.stderr or "failed" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_concurrency_list():
+    r = run_loadgen("--base-url", "http://127.0.0.1:9", "--concurrency", "1,x")
+    assert r.returncode != 0 and "comma list" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_spread_lengths_are_seeded_bounded_and_checked_per_request(tmp_path):
+    draws = [loadgen.max_tokens_for(i, 64, 0.75) for i in range(400)]
+    assert draws == [loadgen.max_tokens_for(i, 64, 0.75) for i in range(400)]  # same on every path
+    assert min(draws) >= 16 and max(draws) <= 112 and len(set(draws)) > 50
+    assert 56 <= sum(draws) / len(draws) <= 72
+    assert {loadgen.max_tokens_for(i, 64, 0) for i in range(50)} == {64}
+    out = tmp_path / "r.json"
+    with OpenAIDouble(short_every=7) as srv:
+        r = run_loadgen("--base-url", srv.base_url, "--concurrency", "4", "--requests", "20", "--max-tokens", "8",
+                        "--max-tokens-spread", "0.5", "--warmup", "0", "--out", str(out))
+        bodies = list(srv.bodies)
+    assert r.returncode == 0, r.stderr
+    lv = json.loads(out.read_text())["levels"][0]
+    asked = sorted(b["max_tokens"] for b in bodies)
+    assert asked == sorted(loadgen.max_tokens_for(i, 8, 0.5) for i in range(20)) and len(set(asked)) > 1
+    # short only where the double answered one token less than that request asked (requests 7 and 14)
+    assert lv["short_outputs"] == 2 and lv["output_tokens"] == sum(asked) - 2
+    assert json.loads(out.read_text())["params"]["max_tokens_spread"] == 0.5
+
+
+def test_bad_spread_is_one_sentence():
+    r = run_loadgen("--base-url", "http://127.0.0.1:9", "--max-tokens-spread", "1.5")
+    assert r.returncode == 2 and "--max-tokens-spread 1.5 must be at least 0 and below 1" in r.stderr

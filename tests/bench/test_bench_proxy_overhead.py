@@ -1,0 +1,85 @@
+"""bench/proxy_overhead.py: Trinity's real proxy app and SQLite recorder in front of a TEST DOUBLE
+upstream record every response (the numbers themselves go to docs/benchmarks.md, not here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_proxy_forwards_and_records_every_response(tmp_path):
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "sqlite",
+                        "--concurrency", "2", "--requests", "10", "--max-tokens", "5"],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    run = res["runs"]["sqlite"]
+    assert run["levels"][0]["ok"] == 10 and run["levels"][0]["errors"] == 0
+    assert run["levels"][0]["output_tokens"] == 50
+    assert run["recorded_rows"] == 8 + 10  # 8 warm-up requests + the measured ones, one row each
+    assert res["summary"]["sqlite"]["2"]["vs_direct"] > 0
+
+
+def test_unknown_variant_is_one_sentence(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(tmp_path / "x.json"),
+                        "--variants", "postgres"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "unknown variant 'postgres'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_group_commit_setting_per_variant():
+    import proxy_overhead as po
+
+    got = {v: po.group_commit_setting(v) for v in ("hop", "memory", "sqlite", "sqlite-group", "sqlite-group+quiet", "sqlite-wal")}
+    assert got == {"hop": None, "memory": None, "sqlite": "0", "sqlite-group": "1", "sqlite-group+quiet": "1", "sqlite-wal": "0"}
+
+
+@pytest.mark.slow
+def test_sqlite_and_sqlite_group_side_by_side(tmp_path):
+    """Upstream's write path (variable 0) and the group-commit patch in one run; every response recorded
+    by both. Without the patch installed, sqlite-group is refused with one sentence."""
+    import proxy_overhead as po
+
+    out = tmp_path / "g.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "sqlite,sqlite-group",
+                        "--concurrency", "8", "--requests", "24", "--max-tokens", "5"],
+                       capture_output=True, text=True, timeout=600, check=False)
+    if not po.group_commit_installed():
+        assert r.returncode == 2 and "needs the group-commit patch" in r.stderr and "Traceback" not in r.stderr
+        return
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for v, group in (("sqlite", False), ("sqlite-group", True)):
+        run = res["runs"][v]
+        assert run["recorder_group_commit"] is group
+        assert run["levels"][0]["ok"] == 24 and run["recorded_rows"] == 8 + 24
+        assert run["proxy_cpu_ms_per_response"] > 0
+    assert res["summary"]["sqlite-group"]["8"]["vs_sqlite"] > 0 and "vs_hop" not in res["summary"]["sqlite-group"]["8"]
+
+
+@pytest.mark.slow
+def test_http_protocol_flags_and_the_h2c_offer(tmp_path):
+    """+published / +h11 / +offer: with the offer every request fails on the published httptools
+    protocol (uvicorn #2722: the body is dropped, the proxy answers 400) and none fails on the
+    patched one or on h11."""
+    out = tmp_path / "p.json"
+    variants = "hop+published+offer,hop+offer,hop+h11+offer"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", variants,
+                        "--concurrency", "2", "--requests", "6", "--max-tokens", "3"],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    levels = {v: res["runs"][v]["levels"][0] for v in variants.split(",")}
+    assert levels["hop+published+offer"]["ok"] == 0 and levels["hop+published+offer"]["error_kinds"] == {"http_400": 6}
+    assert levels["hop+offer"]["ok"] == 6 and levels["hop+h11+offer"]["ok"] == 6
+    assert res["runs"]["hop+offer"]["params"]["headers"]["Upgrade"] == "h2c"
+    logs = tmp_path / "p-logs"
+    assert "HTTP_PROTOCOL h11" in (logs / "proxy-hop+h11+offer.log").read_text()
+    assert "HTTP_PROTOCOL httptools (published)" in (logs / "proxy-hop+published+offer.log").read_text()

@@ -1,0 +1,112 @@
+"""Shared test code (plain functions and classes; fixtures live in conftest.py): the repository's
+paths, running Python and the CLI in a subprocess, and `rftstack serve` as a real child."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON_DIR = REPO / "python"
+
+
+def write_report_config(path: Path, model: Path, *, max_model_len: int | None = 2048) -> Path:
+    """The config of the user report (rftstack.run.report_config: mode serve, sync_method nccl, engine_num 1,
+    0.60) on ``model``, with max_model_len (None: as the report wrote it) and checkpoints next to ``path``."""
+    from rftstack.run import report_config
+
+    return report_config.write(path, model, max_model_len=max_model_len, checkpoint_root_dir=path.parent / "ckpt")
+
+
+def run_python(code: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter of this environment (heavy imports stay out of pytest)."""
+    full_env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True, text=True, timeout=timeout, env=full_env,
+    )
+
+
+def run_cli(*args: str, timeout: float = 120, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `rftstack ARGS` as a user would, in a subprocess."""
+    full_env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "rftstack", *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd
+    )
+
+
+# ---- rftstack serve / ray-head -------------------------------------------------------------------
+
+ROOT = REPO
+FAKE_TRINITY = REPO / "tests" / "doubles" / "fake_trinity.py"
+
+
+def rftstack_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "FAKE_TRINITY"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+class ServeRun:
+    """`python -m rftstack serve ... --json` (or ``command``, e.g. train) as a real child process."""
+
+    def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path, command: str = "serve"):
+        self.run_dir = run_dir
+        # stderr (progress lines) goes to a file: a pipe nobody reads would block a long serve
+        self.stderr_path = run_dir.parent / f"{run_dir.name}.stderr"
+        self._stderr_file = open(self.stderr_path, "w")
+        if os.environ.get("RFTSTACK_TEST_SKIP_DOCTOR") == "1" and "--skip-doctor" not in args:
+            args = [*args, "--skip-doctor"]  # named knob: a host whose doctor FAILs for reasons recorded elsewhere
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rftstack", command, "--json", "--run-dir", str(run_dir), *args],
+            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True,
+        )  # fmt: skip
+        self.events: list[dict] = []
+        self.stderr = ""
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_event(self, name: str, timeout: float = 300) -> dict | None:
+        """Read JSON lines until event ``name`` (None if the process ended first)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            line = self.proc.stdout.readline()
+            if not line:
+                return None
+            ev = json.loads(line)
+            self.events.append(ev)
+            if ev["event"] == name:
+                return ev
+        raise AssertionError(f"no {name} event within {timeout} s")
+
+    def finish(self, timeout: float = 240) -> int:
+        out, _ = self.proc.communicate(timeout=timeout)
+        for line in out.splitlines():
+            self.events.append(json.loads(line))
+        self._stderr_file.close()
+        self.stderr = self.stderr_text()
+        return self.proc.returncode
+
+    def status(self) -> dict:
+        return json.loads((self.run_dir / "status.json").read_text())
+
+    def tags(self) -> list[str]:
+        try:
+            st = self.status()
+        except OSError:
+            return []
+        return [t for t in (st.get("tag"), (st.get("ray") or {}).get("tag")) if t]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()

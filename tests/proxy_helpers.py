@@ -1,0 +1,158 @@
+"""Shared test code for the tests of Trinity's proxy: its real app and service code loaded from the
+installed trinity-rft (with or without the policy's patches), a TEST DOUBLE of vLLM's chat endpoint,
+and Trinity's proxy app in a child process (tests/doubles/trinity_proxy_host.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from rftstack.stack import patches
+from rftstack.stack import policy
+
+DOUBLES = Path(__file__).resolve().parent / "doubles"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+
+class Proxy:
+    """Trinity's proxy app in a child process (its own session; killed on exit)."""
+
+    def __init__(self, upstream: str, work: Path, site: Path | None):
+        work.mkdir(parents=True, exist_ok=True)
+        self.db, self.commits, self.log = work / "proxy_history.db", work / "commits.jsonl", work / "proxy.log"
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, str(DOUBLES / "trinity_proxy_host.py"), "--upstream", upstream, "--port", str(self.port),
+               "--db", str(self.db), "--commits", str(self.commits), "--trace"] + (["--trinity-site", str(site)] if site else [])
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + 240
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the proxy exited: {self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(self.base + "/health", timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    self.stop()
+                    raise RuntimeError("the proxy did not answer /health")
+                time.sleep(0.3)
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=self.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def stream(self, content: str, max_tokens: int = 6, **kw) -> tuple[str, list]:
+        chunks = list(self.client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, stream=True, **kw))
+        ids = {c.id for c in chunks}
+        assert len(ids) == 1 and len(chunks) > 1
+        return ids.pop(), chunks
+
+    def rows(self) -> list[str]:
+        if not self.db.exists():
+            return []
+        con = sqlite3.connect(self.db)
+        try:
+            return [m for (m,) in con.execute("select msg_id from proxy_history order by id")]
+        finally:
+            con.close()
+
+    def settled_rows(self, expect: int) -> list[str]:
+        """The rows once no write is in flight (the proxy's log has as many RECORD ends as starts)."""
+        for _ in range(100):
+            log = self.log.read_text()
+            if log.count("RECORD start") == log.count("RECORD done") + log.count("RECORD raised") and len(self.rows()) >= expect:
+                break
+            time.sleep(0.1)
+        return self.rows()
+
+    def commits_by_id(self) -> dict:
+        if not self.commits.exists():
+            return {}
+        return {d["msg_id"]: d for d in map(json.loads, self.commits.read_text().splitlines())}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def load_app(patched: bool, tmp: Path):
+    """Trinity's app.py and service.py, optionally with the feedback patch, as private modules."""
+    import trinity
+
+    site = Path(trinity.__file__).parents[1]
+    (p,) = [p for p in policy.load().patches if p.file == "trinity-proxy-feedback-errors.patch"]
+    texts = {}
+    for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
+        text = (site / fp.path).read_text()
+        if "rftstack patch" in text:  # start from the original
+            text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+        texts[fp.path] = patches.apply_text(text, fp)[0] if patched else text
+    mods = {}
+    for rel, text in texts.items():
+        name = f"proxy_{'patched' if patched else 'orig'}_{Path(rel).stem}"
+        path = tmp / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mods[Path(rel).stem] = mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mods["app"], mods["service"]
+
+
+class Service:
+    """The ExplorerService parts app.py calls; record_* are Trinity's own, on its SQLite recorder."""
+
+    def __init__(self, service_mod, db: Path):
+        from trinity.explorer.proxy.recorder import HistoryRecorder
+
+        self.recorder = HistoryRecorder(db_url=f"sqlite:///{db}", table_name="proxy_history")
+        self.total_experience_count = self.ready_experience_count = 0
+        self.ready_experiences = []
+        self.record_experience = service_mod.ExplorerService.record_experience.__get__(self)
+        self.record_feedback = service_mod.ExplorerService.record_feedback.__get__(self)
+
+    async def allocate_model(self, increase_count: bool = True):
+        return "http://upstream", 0
+
+
+def upstream() -> FastAPI:
+    """TEST DOUBLE of vLLM's chat endpoint: a new response id per request, token ids and logprobs."""
+    up = FastAPI()
+    ids = itertools.count(1)
+
+    @up.post("/v1/chat/completions")
+    async def chat(body: dict):
+        n = next(ids)
+        return {"id": f"chatcmpl-{n}", "object": "chat.completion", "model": "m", "prompt_token_ids": [1, 2, 3] * 40,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "token_ids": list(range(64)),
+                             "logprobs": {"content": [{"logprob": -0.1}] * 64}, "finish_reason": "stop"}]}  # fmt: skip
+
+    return up

@@ -1,0 +1,178 @@
+"""`rftstack serve` supervising a real child (tests/doubles/fake_trinity.py stands in for trinity,
+which needs a GPU) with real Ray heads: readiness, crash propagation, signals, timeouts, orphans."""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+from rftstack.doctor import netstat
+from rftstack.run import serve
+from rftstack.run import supervisor
+
+pytestmark = pytest.mark.slow
+
+
+def write_config(tmp_path, model="/models/m", max_model_len=None, **explorer):
+    cfg = tmp_path / "cfg.yaml"
+    ex = "".join(f"\n  {k}: {v}" for k, v in explorer.items())
+    mm = f"\n  max_model_len: {max_model_len}" if max_model_len else ""
+    cfg.write_text(f"mode: serve\nmodel:\n  model_path: {model}{mm}\ncluster: {{node_num: 1, gpu_per_node: 1}}\nexplorer:{ex or ' {}'}\n")
+    return str(cfg)
+
+
+def join(head):
+    return ["--skip-doctor", "--port", "0", "--ray-address", head.address, "--ray-token-path", head.token_path]
+
+
+def assert_nothing_left(run):
+    for tag in run.tags():
+        assert supervisor.tagged(tag) == [], f"processes of {tag} left behind"
+
+
+def test_choose_port():
+    taken = {8010, 9000}
+    free = lambda: 12345
+    assert serve.choose_port(None, None, taken.__contains__, free) == (12345, "trinity's default 8010 is in use; a free port")
+    assert serve.choose_port(None, 9100, taken.__contains__, free)[0] == 9100
+    assert serve.choose_port(0, 9100, taken.__contains__, free)[0] == 12345
+    with pytest.raises(Exception, match="already in use"):
+        serve.choose_port(9000, None, taken.__contains__, free)
+    assert serve.choose_port(None, None, lambda p: False, free)[0] == 8010
+
+
+def test_ready_then_sigint_stops_everything_including_escapees(tmp_path, session_head, serve_runner):
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path), "--stop-timeout", "20"], fake="grandchildren,ignore_sigint,check_ray")
+    ready = run.wait_event("ready", timeout=180)
+    assert ready, run.finish() or run.stderr
+    assert ready["endpoint"].startswith("http://127.0.0.1:")
+    st = run.status()
+    assert st["phase"] == "ready" and st["listen_address"] == "127.0.0.1" and st["trinity_pid"]
+    pids = json.loads((tmp_path / "fake-pids.json").read_text())
+    assert all(supervisor.alive(p) for p in pids["grandchildren"])
+    # the fake read the effective config: its proxy is on loopback
+    serving = [l for l in netstat.listeners() if l.port == st["proxy_port"]]
+    assert serving and all(l.loopback for l in serving)
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish() == 0, run.stderr
+    assert "SIGINT, SIGTERM" in run.stderr  # the fake ignores SIGINT: serve escalated
+    assert not supervisor.alive(pids["trinity"])
+    assert not any(supervisor.alive(p) for p in pids["grandchildren"])  # also the one in its own session
+    assert_nothing_left(run)
+    assert run.status()["phase"] == "stopped" and run.status()["exit_code"] == 0
+    assert session_head.gcs_pid() is not None  # a joined head is not ours to stop
+
+
+def test_crash_after_ready_exits_nonzero_with_log_tail(tmp_path, session_head, serve_runner):
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="crash_after_ready")
+    assert run.wait_event("ready", timeout=180)
+    assert run.finish() == 1
+    assert "trinity exited with code 3" in run.stderr
+    assert "under a Ray head not started by this serve, so they are not watched" in run.stderr  # joined head
+    assert "simulated engine crash" in run.stderr and "trinity.log" in run.stderr
+    st = run.status()
+    assert st["phase"] == "failed" and st["exit_code"] == 1 and "code 3" in st["exit_reason"]
+    assert_nothing_left(run)
+
+
+def test_engine_process_death_ends_the_serve(tmp_path, serve_runner):
+    """Trinity's proxy keeps answering /health when its vLLM engine dies (seen on the H200); serve
+    watches the processes vLLM titles VLLM::* under its own Ray head (here a Ray actor's child with
+    that title, as Trinity's engine actor has) and ends."""
+    import os
+    import signal
+
+    run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)], fake="engine_child")
+    assert run.wait_event("ready", timeout=400), run.stderr_text()[-3000:]
+    pids = json.loads((tmp_path / "fake-pids.json").read_text())
+    assert "VLLM::EngineCore (pid %d)" % pids["engine"] in run.stderr_text()
+    os.kill(pids["engine"], signal.SIGKILL)
+    assert run.finish() == 1
+    assert f"the vLLM engine's process VLLM::EngineCore (pid {pids['engine']}) exited while serving, so requests can no longer be answered" in run.stderr
+    st = run.status()
+    assert st["phase"] == "failed" and st["exit_code"] == 1 and "VLLM::EngineCore" in st["exit_reason"]
+    assert not supervisor.alive(pids["trinity"])
+    assert_nothing_left(run)
+
+
+def test_exit_at_start_and_ready_timeout(tmp_path, session_head, serve_runner):
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="exit_at_start")
+    assert run.finish() == 1
+    assert "trinity exited with code 4" in run.stderr and "simulated start-up failure" in run.stderr
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path), "--ready-timeout", "6", "--stop-timeout", "4"],
+                       fake="never_ready,ignore_sigterm,grandchildren")  # fmt: skip
+    assert run.finish() == 1
+    assert "was not ready after 6 s" in run.stderr
+    assert "SIGINT, SIGTERM, SIGKILL" in run.stderr
+    assert_nothing_left(run)
+
+
+def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, serve_runner):
+    run = serve_runner(["--skip-doctor", "-c", str(tmp_path / "missing.yaml")])
+    assert run.finish(timeout=60) == 2
+    assert "cannot read the config" in run.stderr and "Traceback" not in run.stderr
+    assert run.status()["phase"] == "failed"
+    (tmp_path / "bad.yaml").write_text("mode: train\nmodel: {model_path: /m}\n")
+    run = serve_runner(["--skip-doctor", "--ray-address", "127.0.0.1:1", "--ray-token-path", "/nonexistent", "-c", str(tmp_path / "bad.yaml")])
+    assert run.finish(timeout=60) == 2
+    assert "mode: serve" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_preflight_failure_stops_before_anything_starts(tmp_path, tiny_model, serve_runner):
+    """Without --skip-doctor the real doctor runs on the config trinity would get; on this CPU-only
+    machine it finds no NVIDIA driver (a FAIL), so serve stops before trinity starts; the Ray head
+    that started alongside the preflight is stopped again, and nothing is left."""
+    if importlib.util.find_spec("rftstack.doctor.collect") is None:
+        run = serve_runner(["-c", write_config(tmp_path)])
+        assert run.finish(timeout=60) == 2
+        assert "--skip-doctor" in run.stderr and "rftstack.doctor.collect" in run.stderr
+        return
+    if shutil.which("nvidia-smi") or os.path.exists("/proc/driver/nvidia/version"):
+        pytest.skip("an NVIDIA driver is present: the preflight has no reason to fail here")
+    run = serve_runner(["--port", "0", "-c", write_config(tmp_path, model=tiny_model, max_model_len=2048)])
+    assert run.finish(timeout=300) == 1
+    assert "preflight failed" in run.stderr and "gpu.driver" in run.stderr
+    # the doctor saw the effective config: serve's own fixes are not reported as problems
+    assert "rl-loop.weight_sync" in run.stderr and "[WARN] rl-loop.weight_sync" not in run.stderr
+    assert "[WARN] network.listen_address" not in run.stderr and "[FAIL] config.trinity" not in run.stderr
+    assert (run.run_dir / "config.preflight.yaml").exists()
+    assert not (run.run_dir / "ray").exists() and not (run.run_dir / "logs" / "trinity.log").exists()
+    assert run.status()["phase"] == "failed"
+    assert "Ray head stopped" in run.stderr
+    assert_nothing_left(run)
+
+
+def test_own_head_is_loopback_only_and_ray_death_stops_trinity(tmp_path, serve_runner):
+    run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)], fake="check_ray,grandchildren")
+    ready = run.wait_event("ready", timeout=400)
+    assert ready, (run.finish(), run.stderr)
+    st = run.status()
+    serve_tag, ray_tag = st["tag"], st["ray"]["tag"]
+    # every listening socket of the whole serve (Ray head, its workers, trinity and children)
+    by_inode = {l.inode: l for l in netstat.listeners()}
+    socks = [(p.pid, p.cmdline[:50], by_inode[i]) for tag in (serve_tag, ray_tag) for p in supervisor.tagged(tag)
+             for i in netstat.socket_inodes(p.pid) if i in by_inode]  # fmt: skip
+    assert len(socks) >= 5
+    assert [(pid, cmd, l.address, l.port) for pid, cmd, l in socks if not l.loopback] == []
+    assert (tmp_path / "run0" / "ray").is_symlink() and (tmp_path / "run0" / "logs" / "ray-start.log").exists()
+    gcs = [p.pid for p in supervisor.tagged(ray_tag) if "gcs_server" in p.cmdline]
+    assert len(gcs) == 1
+    os.kill(gcs[0], signal.SIGKILL)
+    assert run.finish() == 1
+    assert "GCS died" in run.stderr
+    assert "GCS died" in run.status()["exit_reason"]
+    assert supervisor.tagged(serve_tag) == [] and supervisor.tagged(ray_tag) == []
+
+
+def test_own_head_sigterm(tmp_path, serve_runner):
+    run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)])
+    assert run.wait_event("ready", timeout=400), (run.finish(), run.stderr)
+    tags = run.tags()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 0, run.stderr
+    assert "Ray head stopped" in run.stderr
+    for tag in tags:
+        assert supervisor.tagged(tag) == []

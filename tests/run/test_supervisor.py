@@ -1,0 +1,98 @@
+"""supervisor: tags, process groups and escalating teardown, with real processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+from rftstack.run import supervisor
+
+CHILD = r"""
+import os, signal, subprocess, sys, time
+mode = sys.argv[1]
+if "ignore_int" in mode:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+if "ignore_term" in mode:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+a = subprocess.Popen(["sleep", "300"])
+b = subprocess.Popen(["sleep", "300"], start_new_session=True)  # escapes the process group
+print(a.pid, b.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _start(mode: str, tag: str):
+    env = {**os.environ, supervisor.TAG_VAR: tag}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode], env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    a, b = map(int, proc.stdout.readline().split())
+    return proc, a, b
+
+
+def test_stop_reaches_group_and_escapees_by_tag():
+    tag = f"t-{uuid.uuid4().hex}"
+    proc, a, b = _start("plain", tag)
+    try:
+        found = {p.pid for p in supervisor.tagged(tag)}
+        assert {proc.pid, a, b} <= found
+        res = supervisor.stop(tag=tag, pgid=proc.pid, first=signal.SIGINT, grace_s=20, term_s=20, keep_reaping=[proc.pid], leader=proc.pid)
+        assert res.left == []
+        assert res.signals[0] == "SIGINT"
+        assert not supervisor.alive(a) and not supervisor.alive(b)
+        assert supervisor.tagged(tag) == []
+    finally:
+        supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
+        proc.wait(timeout=10)
+
+
+def test_stop_escalates_to_sigkill_when_signals_are_ignored():
+    tag = f"t-{uuid.uuid4().hex}"
+    proc, a, b = _start("ignore_term", tag)
+    try:
+        res = supervisor.stop(tag=tag, pgid=proc.pid, first=signal.SIGINT, grace_s=1, term_s=1, keep_reaping=[proc.pid], leader=proc.pid)
+        assert res.signals == ["SIGINT", "SIGTERM", "SIGKILL"]
+        assert res.left == []
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
+
+
+def test_untagged_processes_are_not_touched():
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        assert supervisor.tagged(f"t-{uuid.uuid4().hex}") == []
+        res = supervisor.stop(tag=f"t-{uuid.uuid4().hex}", first=signal.SIGKILL)
+        assert res.signals == [] and bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_read_proc_handles_spaces_in_command_names():
+    info = supervisor.read_proc(os.getpid())
+    assert info.pid == os.getpid() and info.ppid == os.getppid() and info.state in "RS"
+    assert supervisor.read_proc(2**22 + 12345) is None
+
+
+def test_line_pump_keeps_the_tail():
+    lines = []
+    proc, pump = supervisor.spawn([sys.executable, "-c", "for i in range(300): print('line', i)"], env=dict(os.environ), sink=lines.append)
+    proc.wait(timeout=30)
+    pump.join(timeout=10)
+    assert lines[-1] == "line 299" and len(lines) == 300
+    assert pump.tail(2) == ["line 298", "line 299"]
+    assert len(pump.lines) == 200
+
+
+def test_hurry_ends_the_grace_periods():
+    tag = f"t-{uuid.uuid4().hex}"
+    proc, a, b = _start("ignore_term", tag)
+    try:
+        res = supervisor.stop(tag=tag, pgid=proc.pid, first=signal.SIGINT, grace_s=3600, term_s=3600,
+                              keep_reaping=[proc.pid], leader=proc.pid, hurry=lambda: True)  # fmt: skip
+        assert res.signals == ["SIGINT", "SIGTERM", "SIGKILL"] and res.left == []
+    finally:
+        supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
+        proc.wait(timeout=10)

@@ -1,0 +1,141 @@
+"""kill -9 of the process that runs Trinity's proxy loses nothing already recorded.
+
+The proxy, its `HistoryRecorder` (SQLite, table proxy_history + proxy_history_blob) and
+ExplorerService's record/feedback/commit code are Trinity's real code with the policy's stream
+patch (tests/doubles/trinity_proxy_host.py, started as in test_proxy_stream.py); upstream is the
+vLLM 0.23.0 TEST DOUBLE (tests/doubles/vllm_stream_double.py), and the Explorer behind /commit is
+a TEST DOUBLE writing each committed experience to a JSON-lines file. After the SIGKILL the SQLite
+file is read directly (sqlite3 + Trinity's own `Experience.deserialize`).
+
+What "recorded" means here: the client got the response (HTTP 200, or a stream through [DONE])
+or the /feedback or /commit answer. A request cut off by the kill may or may not have a row.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from proxy_helpers import Proxy, post
+
+N = 12
+
+
+def kill9(px: Proxy) -> None:
+    """SIGKILL the proxy host's whole process group, no grace."""
+    if px.proc.poll() is None:
+        os.killpg(px.proc.pid, signal.SIGKILL)
+    px.proc.wait()
+
+
+def ask(px: Proxy, i: int, max_tokens: int) -> str:
+    """One chat completion, streamed for odd i; its id once the client has the whole response."""
+    content = f"crash case {i}"
+    if i % 2:
+        return px.stream(content, max_tokens=max_tokens)[0]  # the openai client read through [DONE]
+    r = px.client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=max_tokens)
+    return r.id
+
+
+def stored(db: Path) -> tuple[str, dict[str, list[dict]]]:
+    """integrity_check's answer and, per msg_id, its rows joined with the deserialized blobs."""
+    from trinity.common.experience import Experience
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (check,) = con.execute("PRAGMA integrity_check").fetchone()
+        rows: dict[str, list[dict]] = {}
+        for msg_id, reward, consumed, task, blob in con.execute(
+                "select h.msg_id, h.reward, h.consumed, h.task_id, b.experience_bytes "
+                "from proxy_history h left join proxy_history_blob b on b.id = h.id order by h.id"):
+            exp = Experience.deserialize(blob) if blob is not None else None
+            rows.setdefault(msg_id, []).append({"reward": reward, "consumed": consumed, "task": task, "exp": exp})
+        return check, rows
+    finally:
+        con.close()
+
+
+def assert_intact(row: dict, sent: dict) -> None:
+    """The row's blob holds exactly the prompt, the completion and the logprobs vLLM (the double) sent."""
+    exp = row["exp"]
+    assert exp is not None, "a meta row without its blob"
+    n = exp.prompt_length
+    assert exp.tokens[:n].tolist() == sent["prompt_token_ids"]
+    assert exp.tokens[n:].tolist() == sent["token_ids"]
+    assert exp.logprobs.tolist() == pytest.approx(sent["logprobs"])
+
+
+def commits(px: Proxy) -> list[dict]:
+    return [json.loads(line) for line in px.commits.read_text().splitlines()] if px.commits.exists() else []
+
+
+def test_kill9_after_feedback_and_commit_keeps_every_response_reward_and_commit(double, patched_site, tmp_path):
+    px = Proxy(double.base_url, tmp_path / "proxy", patched_site)
+    try:
+        ids = [ask(px, i, max_tokens=3 + i) for i in range(N)]  # 6 plain, 6 streamed
+        reward = {rid: round(0.1 * (k + 1), 3) for k, rid in enumerate(ids)}
+        committed, only_rewarded = ids[:6], ids[6:]
+        for rid in committed:
+            assert post(px.base + "/feedback", {"reward": reward[rid], "msg_ids": [rid], "task_id": "crash", "run_id": 0})["status"] == "success"
+        assert post(px.base + "/commit", {})["status"] == "success"
+        for rid in only_rewarded:  # rewarded, then the process dies before any /commit
+            assert post(px.base + "/feedback", {"reward": reward[rid], "msg_ids": [rid], "task_id": "crash", "run_id": 0})["status"] == "success"
+        kill9(px)  # right after the last HTTP answer
+    finally:
+        kill9(px)
+    assert px.proc.returncode == -signal.SIGKILL
+
+    check, rows = stored(px.db)
+    assert check == "ok"
+    assert sorted(rows) == sorted(ids)  # no row lost, none extra
+    for rid in ids:
+        assert len(rows[rid]) == 1, f"{rid} has {len(rows[rid])} rows"
+        (row,) = rows[rid]
+        assert_intact(row, double.sent[rid])
+        assert row["reward"] == pytest.approx(reward[rid]) and row["consumed"] == 1 and row["task"] == "crash"
+
+    got = commits(px)
+    assert sorted(c["msg_id"] for c in got) == sorted(committed)  # each committed one exactly once, nothing else
+    for c in got:
+        sent = double.sent[c["msg_id"]]
+        assert c["reward"] == pytest.approx(reward[c["msg_id"]])
+        assert c["prompt_token_ids"] == sent["prompt_token_ids"] and c["token_ids"] == sent["token_ids"]
+
+
+def test_kill9_mid_burst_keeps_every_response_the_client_received(double, patched_site, tmp_path):
+    """16 concurrent requests (8 plain, 8 streamed with up to 40 slow tokens); SIGKILL once 6
+    responses are in the client's hands, while streams are still being sent."""
+    px = Proxy(double.base_url, tmp_path / "proxy", patched_site)
+    double.token_delay_s = 0.1
+    received, failed = [], []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futs = [pool.submit(ask, px, i, 4 + 2 * i if i % 2 else 4) for i in range(16)]
+            for f in concurrent.futures.as_completed(futs):
+                try:
+                    received.append(f.result())
+                except Exception as e:  # noqa: BLE001 - a request the kill cut off
+                    failed.append(repr(e))
+                if len(received) == 6 and px.proc.poll() is None:
+                    kill9(px)
+    finally:
+        double.token_delay_s = 0.0
+        kill9(px)
+    assert px.proc.returncode == -signal.SIGKILL
+    assert failed, "every request finished before the kill: the crash did not happen mid-burst"
+    assert len(received) + len(failed) == 16
+
+    check, rows = stored(px.db)
+    assert check == "ok"
+    for rid in received:
+        assert len(rows.get(rid, [])) == 1, f"{rid} reached the client but has {len(rows.get(rid, []))} rows"
+        assert_intact(rows[rid][0], double.sent[rid])
+    for rid, rs in rows.items():  # the cut-off ones may have a row; any row there is whole
+        assert len(rs) == 1
+        assert_intact(rs[0], double.sent[rid])

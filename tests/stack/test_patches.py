@@ -1,0 +1,165 @@
+"""patches: strict application of policy patches, and the torch TCPStore patch really closing a socket."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torch
+import uvicorn_helpers
+
+from rftstack.stack import patches
+from rftstack.stack import policy
+
+from patch_helpers import add_trinity, trinity_patches
+
+TORCH = Path(torch.__file__).parent
+SITE = TORCH.parent
+REL = "torch/distributed/rendezvous.py"
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A site-packages holding torch's real rendezvous.py and dist-info (METADATA + a RECORD)."""
+    (tmp_path / "torch/distributed").mkdir(parents=True)
+    text = (SITE / REL).read_text()
+    # the installed torch may be patched already (CI applies the policy first): start from the original
+    for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
+        back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+        if "_loopback_listen_fd" in text:
+            text = patches.apply_text(text, back)[0]
+    (tmp_path / REL).write_text(text)
+    real_info = next(SITE.glob("torch-*.dist-info"))
+    info = tmp_path / real_info.name
+    info.mkdir()
+    shutil.copy(real_info / "METADATA", info / "METADATA")
+    line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(REL + ","))
+    (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
+    add_trinity(tmp_path)
+    uvicorn_helpers.add_uvicorn(tmp_path)
+    return tmp_path
+
+
+def the_patch():
+    (p,) = [p for p in policy.load().patches if p.dist == "torch"]
+    return p
+
+
+def apply(site, **over):
+    p = the_patch()
+    args = dict(expect_sha256=p.sha256, dist=p.dist, version=p.version)
+    args.update(over)
+    return patches.apply(site, patches.patches_dir() / p.file, **args)
+
+
+def test_policy_names_the_patch_with_its_hash():
+    for p in policy.load().patches:
+        assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
+        assert p.why
+
+
+def test_apply_is_strict_idempotent_and_updates_record(site):
+    before = (site / REL).read_text()
+    assert apply(site) == [(REL, "applied")]
+    after = (site / REL).read_text()
+    assert "_loopback_listen_fd" in after and after != before
+    record = next(site.glob("torch-*.dist-info/RECORD")).read_text()
+    assert patches._record_hash(after.encode()) in record
+    assert apply(site) == [(REL, "already applied")]
+    assert (site / REL).read_text() == after
+
+
+def test_refusals(site, tmp_path):
+    with pytest.raises(patches.PatchError, match="sha256"):
+        apply(site, expect_sha256="0" * 64)
+    with pytest.raises(patches.PatchError, match="install the locked version"):
+        apply(site, version="2.10.0")
+    text = (site / REL).read_text().replace("start_daemon = rank == 0", "start_daemon = rank == 1")
+    (site / REL).write_text(text)
+    with pytest.raises(patches.PatchError, match="matches neither"):
+        apply(site)
+    assert (site / REL).read_text() == text  # nothing written
+
+
+PROBE = r"""
+import os, socket, sys
+import torch.distributed as dist
+import torch.distributed.rendezvous
+r = sys.modules["torch.distributed.rendezvous"]  # the attribute of that name is a function
+if sys.argv[1] != "-":
+    exec(compile(open(sys.argv[1]).read(), sys.argv[1], "exec"), r.__dict__)
+sys.path.insert(0, sys.argv[2])
+from rftstack.doctor import netstat
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+mine = netstat.socket_inodes(os.getpid())
+print(" ".join(f"{l.address}|{l.port}|{int(l.loopback)}" for l in netstat.listeners() if l.inode in mine))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("patched", [False, True])
+def test_tcp_rendezvous_listens_on_loopback_only_when_patched(site, patched):
+    if patched:
+        apply(site)
+    env = {"GLOO_SOCKET_IFNAME": "lo", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(site / REL), str(Path(patches.__file__).parents[1])],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    socks = [s.split("|") for s in out.stdout.split()]
+    assert socks
+    outside = [s for s in socks if s[2] == "0"]
+    if patched:
+        assert outside == []
+    else:
+        assert outside, "unpatched torch is expected to listen on a wildcard address"
+
+
+def test_standalone_script_on_a_bare_python(site, tmp_path):
+    """The Nix build runs patches.py next to policy.py with a bare Python (no rftstack package)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    pkg = Path(patches.__file__).parent
+    for name in ("patches.py", "policy.py"):
+        shutil.copy(pkg / name, bare / name)
+    cmd = [sys.executable, "-S", "-I", str(bare / "patches.py"), str(site), "--policy", str(pkg.parent / "data" / "policy.toml"),
+           "--patches", str(patches.patches_dir())]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"torch-tcpstore-loopback.patch: {REL}: applied",
+        "trinity-proxy-store-errors.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-stream-record.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",
+        "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
+        "trinity-recorder-group-commit.patch: trinity/explorer/proxy/recorder.py: applied",
+        "trinity-proxy-reload-wait.patch: trinity/explorer/proxy/service.py: applied",
+        "trinity-proxy-request-hygiene.patch: trinity/explorer/proxy/app.py: applied",
+        "uvicorn-httptools-ignore-upgrade.patch: uvicorn/protocols/http/httptools_impl.py: applied",
+    ]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
+
+
+def test_state_reports_without_writing(site):
+    before = (site / REL).read_text()
+    names = [p.file for p in policy.load().patches]
+    assert patches.state(site) == [(n, "not applied") for n in names]
+    assert (site / REL).read_text() == before
+    apply(site)
+    assert patches.state(site)[0] == ("torch-tcpstore-loopback.patch", "applied")
+    patches.apply_policy(site)
+    assert patches.state(site) == [(n, "applied") for n in names]
+    assert patches.state(site / "nowhere")[0][1].startswith("cannot apply")
+
+
+def test_reversed_patch_restores_the_original(site):
+    original = (site / REL).read_text()
+    apply(site)
+    text = (site / REL).read_text()
+    for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
+        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+    assert text == original
