@@ -7,7 +7,7 @@ import json
 
 import uvicorn_helpers
 
-from conftest import run_cli
+from helpers import run_cli
 from rftstack.stack import patches, policy
 from rftstack.doctor.checks import policy_patches
 from rftstack.findings import OK, WARN

@@ -63,7 +63,7 @@ def serve(tmp_path_factory):
 
     if not has_gpu():
         pytest.skip("no NVIDIA GPU here and no RFTSTACK_RUN_DIR of a running serve")
-    from conftest import ServeRun, rftstack_env
+    from helpers import ServeRun, rftstack_env
     from rftstack.run import report_config, supervisor, tinymodel
 
     tmp = tmp_path_factory.mktemp("java")
