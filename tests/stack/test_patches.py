@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import torch
+import uvicorn_helpers
 
 from rftstack.stack import patches
 from rftstack.stack import policy
@@ -37,6 +38,7 @@ def site(tmp_path):
     line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(REL + ","))
     (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
     add_trinity(tmp_path)
+    uvicorn_helpers.add_uvicorn(tmp_path)
     return tmp_path
 
 
@@ -53,7 +55,7 @@ def apply(site, **over):
 
 
 def test_policy_names_the_patch_with_its_hash():
-    for p in [the_patch(), *trinity_patches()]:
+    for p in policy.load().patches:
         assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
         assert p.why
 
@@ -137,6 +139,8 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-reload-wait.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-proxy-commit-marks.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-proxy-commit-marks.patch: trinity/explorer/proxy/recorder.py: applied",
+        "trinity-proxy-request-hygiene.patch: trinity/explorer/proxy/app.py: applied",
+        "uvicorn-httptools-ignore-upgrade.patch: uvicorn/protocols/http/httptools_impl.py: applied",
         "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

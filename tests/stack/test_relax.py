@@ -58,6 +58,7 @@ def site(tmp_path, published_wheels) -> Path:
                 z.extractall(site)
             else:
                 z.extractall(site, [n for n in z.namelist() if ".dist-info/" in n.split("/", 1)[0] + "/"])
+    uvicorn_helpers.add_uvicorn(site)  # the policy patches uvicorn's httptools protocol too
     return site
 
 
@@ -178,6 +179,7 @@ def test_standalone_script_runs_on_a_bare_python(torch_site, tmp_path):
 # --- [[patch]]: relax applies the policy's source patches too ----------------------------------
 
 from patch_helpers import TORCH_REL, add_torch
+import uvicorn_helpers
 from patch_helpers import torch_patch as _torch_patch
 
 
