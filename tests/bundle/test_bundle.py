@@ -325,3 +325,9 @@ def test_relative_out_and_cache_build_the_project(built, capsys, tmp_path, monke
     assert rc == 0, err
     files = {f["dist"]: f for f in json.loads((tmp_path / "rel-out" / "manifest.json").read_text())["files"]}
     assert files["bundle-probe"]["source"] == bundle.BUILT_HERE
+
+
+def test_the_gpu_host_package_list_in_the_repo_reads_as_have():
+    """docs/bundle.md builds the GPU host's bundle with `--have tests/gpu/host-packages.txt`."""
+    have = bundle.read_have(REPO / "tests" / "gpu" / "host-packages.txt")
+    assert have["torch"] == "2.11.0" and have["numpy"] == "2.5.2" and len(have) > 150

@@ -9,8 +9,6 @@ from rftstack.stack import policy
 from rftstack.doctor.checks import pyenv
 from rftstack.findings import FAIL, OK, WARN
 
-VENV_PY = "/work/main/.venv/bin/python"
-
 
 def _dist(site, name, version, requires=()):
     di = site / f"{name.replace('-', '_')}-{version}.dist-info"
