@@ -76,6 +76,10 @@ class Proxy:
         con = sqlite3.connect(self.db)
         try:
             return [m for (m,) in con.execute("select msg_id from proxy_history order by id")]
+        except sqlite3.OperationalError as exc:  # a write cancelled before the table was made
+            if "no such table" in str(exc):
+                return []
+            raise
         finally:
             con.close()
 
