@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
+from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "memory", "sqlite", "sqlite-group", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
@@ -86,12 +86,6 @@ def group_commit_installed() -> bool:
         return False
     recorder = Path(spec.origin).parent / "explorer" / "proxy" / "recorder.py"
     return recorder.is_file() and GROUP_COMMIT_VAR in recorder.read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
