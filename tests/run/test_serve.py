@@ -87,7 +87,10 @@ def test_status_goes_through_every_phase_in_order(tmp_path, session_head):
 
 def test_choose_port():
     taken = {8010, 9000}
-    free = lambda: 12345
+
+    def free() -> int:
+        return 12345
+
     assert serve.choose_port(None, None, taken.__contains__, free) == (12345, "trinity's default 8010 is in use; a free port")
     assert serve.choose_port(None, 9100, taken.__contains__, free)[0] == 9100
     assert serve.choose_port(0, 9100, taken.__contains__, free)[0] == 12345
