@@ -83,6 +83,8 @@ def test_status_goes_through_every_phase_in_order(tmp_path, session_head):
     assert r.stdout.strip(), r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
     assert out == {"rc": 0, "phases": ["preflight", "ray", "config", "trinity", "loading", "ready", "stopping", "stopped"]}, r.stdout + r.stderr
+    # what the README shows of a serve that works
+    assert "READY after " in r.stdout and ": OpenAI endpoint http://127.0.0.1:" in r.stdout and "try: curl -s http://127.0.0.1:" in r.stdout
 
 
 def test_choose_port():
