@@ -40,7 +40,7 @@ def main() -> int:
         if cfg is None:
             print("writing a tiny model and the report's config ...", file=sys.stderr, flush=True)
             model = Path(tmp) / "tiny"
-            subprocess.run([args.python, "-c", f"from rftstack import tinymodel; tinymodel.ensure({str(model)!r})"],
+            subprocess.run([args.python, "-c", f"from rftstack.run import tinymodel; tinymodel.ensure({str(model)!r})"],
                            env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             cfg = str(Path(tmp) / "report.yaml")
             subprocess.run([args.python, "-m", "rftstack", "example-config", str(model), "--max-model-len", "2048",

@@ -2,11 +2,14 @@
 #   nix-tests, invariants  evaluation-time: nix/tests and nix/lib/invariants.nix; a failure
 #                          stops evaluation with its sentence (no build needed)
 #   unit                   pytest of tests/ without the gpu and slow markers, in the dev env
-#   gpu                    pytest -m gpu tests/gpu in the wrapped env; requiredSystemFeatures =
-#                          [ "cuda" ] so it only runs on a builder that exposes the GPU (docs/nix.md)
+# and, outside `checks` so that `nix flake check` passes on machines without a GPU (nixpkgs keeps
+# GPU tests in `passthru.gpuCheck` the same way):
+#   gpuCheck               pytest -m gpu tests/gpu in the wrapped env; requiredSystemFeatures =
+#                          [ "cuda" ] so it only runs on a builder that exposes the GPU (docs/nix.md);
+#                          the flake exposes it as packages.*.default.gpuCheck (`nix build .#default.gpuCheck`)
 #
 # # Type
-#   import ./checks.nix { pkgs; lib; rs; testEnv; wrappedTestEnv; src; } -> AttrSet
+#   import ./checks.nix { pkgs; lib; rs; testEnv; wrappedTestEnv; src; } -> { checks :: AttrSet; gpuCheck :: Derivation; }
 {
   pkgs,
   lib,
@@ -33,17 +36,19 @@ let
 in
 assert failed == [ ] || throw "rftstack: ${sentence}";
 {
-  nix-tests = passIf "rftstack-nix-tests" (builtins.filter (r: lib.hasPrefix "tests." r.name) results);
-  invariants = passIf "rftstack-invariants" (import ./lib/invariants.nix rs);
+  checks = {
+    nix-tests = passIf "rftstack-nix-tests" (builtins.filter (r: lib.hasPrefix "tests." r.name) results);
+    invariants = passIf "rftstack-invariants" (import ./lib/invariants.nix rs);
 
-  unit = pkgs.runCommand "rftstack-unit-tests" { nativeBuildInputs = [ testEnv ]; } ''
-    cp -r ${src} source && chmod -R u+w source && cd source
-    export HOME=$TMPDIR
-    python -m pytest -q -p no:cacheprovider -m "not gpu and not slow" tests
-    touch $out
-  '';
+    unit = pkgs.runCommand "rftstack-unit-tests" { nativeBuildInputs = [ testEnv ]; } ''
+      cp -r ${src} source && chmod -R u+w source && cd source
+      export HOME=$TMPDIR
+      python -m pytest -q -p no:cacheprovider -m "not gpu and not slow" tests
+      touch $out
+    '';
+  };
 
-  gpu =
+  gpuCheck =
     pkgs.runCommand "rftstack-gpu-tests"
       {
         requiredSystemFeatures = [ "cuda" ];

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI for the Nix side, runnable offline on a machine with no nixpkgs and no fetched inputs:
-#   1. installs Nix from ../shared/tools/install-nix.sh when `nix` is missing;
+#   1. installs Nix with .ci/install-nix.sh (a private prefix) when `nix` is missing;
 #   2. parses every .nix file of the repository (nix-instantiate --parse);
 #   3. runs the Nix-level tests and the evaluation invariants (nix/tests/run.nix);
 #   4. runs nix/scripts/dist-info-edit.sh with the commands nix/lib generates from policy.toml on
@@ -11,14 +11,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
 if ! command -v nix-instantiate >/dev/null; then
-  if [ -x /opt/nix-trixie/usr/bin/nix-instantiate ]; then
-    export PATH=/opt/nix-trixie/usr/bin:$PATH
-  else
-    installer=$repo/../shared/tools/install-nix.sh
-    [ -f "$installer" ] || { echo "nix is missing and $installer does not exist"; exit 1; }
-    line=$(bash "$installer" | tail -n1) || { echo "installing Nix failed"; exit 1; }
-    eval "$line"
-  fi
+  exports=$(bash "$repo/.ci/install-nix.sh" | grep '^export ') || { echo "installing Nix with .ci/install-nix.sh failed"; exit 1; }
+  eval "$exports"
 fi
 NIX=(nix --extra-experimental-features 'nix-command flakes')
 
@@ -96,7 +90,7 @@ mkdir -p "$psite/torch/distributed" "$psite/torch-2.11.0+cu128.dist-info"
 printf 'Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu128\n' > "$psite/torch-2.11.0+cu128.dist-info/METADATA"
 python3 - "$repo/patches/torch-tcpstore-loopback.patch" "$psite" <<'PY'
 import sys, pathlib
-sys.path.insert(0, "python/rftstack")
+sys.path.insert(0, "python/rftstack/stack")
 import patches
 site = pathlib.Path(sys.argv[2])
 for fp in patches.parse(pathlib.Path(sys.argv[1]).read_text()):
@@ -104,7 +98,7 @@ for fp in patches.parse(pathlib.Path(sys.argv[1]).read_text()):
     (site / fp.path).write_text(body)
     (site / "torch-2.11.0+cu128.dist-info/RECORD").write_text(f"{fp.path},sha256=stale,1\n")
 PY
-pgen() { "${NIX[@]}" eval --raw --impure --expr "let rs = import $repo/nix/lib { policyFile = $repo/python/rftstack/data/policy.toml; lockFile = $repo/uv.lock; patchesDir = $repo/patches; }; in rs.lib.policyLib.patchCommand { tool = \"$repo/python/rftstack\"; python = \"python3\"; site = \"$psite\"; policyFile = \"$repo/python/rftstack/data/policy.toml\"; patchesDir = \"$repo/patches\"; } \"torch\""; }
+pgen() { "${NIX[@]}" eval --raw --impure --expr "let rs = import $repo/nix/lib { policyFile = $repo/python/rftstack/data/policy.toml; lockFile = $repo/uv.lock; patchesDir = $repo/patches; }; in rs.lib.policyLib.patchCommand { tool = \"$repo/python/rftstack/stack\"; python = \"python3\"; site = \"$psite\"; policyFile = \"$repo/python/rftstack/data/policy.toml\"; patchesDir = \"$repo/patches\"; } \"torch\""; }
 rdv=$psite/torch/distributed/rendezvous.py
 if pcmd=$(pgen 2>"$tmp/err") && out=$(bash -c "$pcmd" 2>"$tmp/err") && grep -q "_loopback_listen_fd" "$rdv" \
    && grep -q "^torch/distributed/rendezvous.py,sha256=$(python3 -c 'import base64,hashlib,sys; print(base64.urlsafe_b64encode(hashlib.sha256(open(sys.argv[1],"rb").read()).digest()).rstrip(b"=").decode())' "$rdv")," "$psite/torch-2.11.0+cu128.dist-info/RECORD"; then

@@ -56,6 +56,13 @@ let
   };
   out = mkPackages pkgs;
   src = lib.cleanSource ../.;
+  checkSet = import ./checks.nix {
+    inherit pkgs lib rs src;
+    testEnv = out.py.envs.cuda12-test;
+    wrappedTestEnv = out.cuda12-test;
+  };
+  # The GPU tests ride on the package as nixpkgs does it (passthru.gpuCheck), not in `checks`.
+  withGpuCheck = drv: drv // { gpuCheck = checkSet.gpuCheck; passthru = (drv.passthru or { }) // { inherit (checkSet) gpuCheck; }; };
 in
 {
   # Pure functions over policy.toml + uv.lock (nix/lib), and the Python overlays for reuse.
@@ -71,8 +78,8 @@ in
   };
 
   packages.${system} = {
-    default = out.cuda12;
-    driver570 = out.cuda12;
+    default = withGpuCheck out.cuda12;
+    driver570 = withGpuCheck out.cuda12;
     cuda13 = out.cuda13;
     env-driver570 = out.py.envs.cuda12;
     env-cuda13 = out.py.envs.cuda13;
@@ -92,9 +99,6 @@ in
     inherit (out) cudaPackages;
   };
 
-  checks.${system} = import ./checks.nix {
-    inherit pkgs lib rs src;
-    testEnv = out.py.envs.cuda12-test;
-    wrappedTestEnv = out.cuda12-test;
-  };
+  # Default checks pass without a GPU; the GPU tests: nix build .#default.gpuCheck
+  checks.${system} = checkSet.checks;
 }

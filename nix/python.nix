@@ -27,7 +27,6 @@ let
       lib.composeManyExtensions [
         pyproject-build-systems.overlays.wheel
         lockOverlay
-        overlays.native
         overlays.policy
         flavourOverlay
       ]

@@ -5,7 +5,9 @@
 #   - every edge to a [[cuda12.drop]] dist is removed from the packages nix/lib names
 #     (`rs.rewritten`), and the dropped dists themselves become an evaluation error, so nothing
 #     in the closure can pull a CUDA 13 library back in;
-#   - libcuda.so.1 is left unresolved: it is the host driver's (found at run time, nix/wrap.nix).
+#   - what auto-patchelf gets (the cudaPackages_12_8 libraries as the artifacts' buildInputs, search
+#     paths, the driver's libraries left unresolved) is added after this overlay by
+#     autopatchelf.nix (overlays/default.nix composes them).
 #
 # # Type
 #   import ./cuda12.nix { rs; script :: Path; } -> (final: prev: AttrSet)
@@ -13,9 +15,6 @@
 final: prev:
 let
   inherit (rs) dropped rewritten;
-  cudaAttr = "cudaPackages_" + builtins.replaceStrings [ "." ] [ "_" ] rs.policy.cuda12.cuda;
-  cudaPackages = final.pkgs.${cudaAttr};
-  cudaLibs = map (n: cudaPackages.${n}) rs.replacementLibraries;
 
   withoutDropped = spec: removeAttrs spec dropped;
 
@@ -37,8 +36,6 @@ let
         name = builtins.replaceStrings [ "%2B" ] [ "+" ] (builtins.baseNameOf a.url);
         inherit (a) url sha256;
       };
-      buildInputs = (old.buildInputs or [ ]) ++ cudaLibs;
-      autoPatchelfIgnoreMissingDeps = (old.autoPatchelfIgnoreMissingDeps or [ ]) ++ [ "libcuda.so.1" ];
       postInstall =
         (old.postInstall or "")
         + "\n"

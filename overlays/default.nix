@@ -3,8 +3,9 @@
 #   cuda          nixpkgs overlay: cudaPackages_12_8 is the one CUDA package set
 #   policy        Python (pyproject.nix set) overlay: [[relax]] and [[add]] applied to dist-info,
 #                 [[patch]] applied to the installed sources
-#   cuda12        Python overlay: the driver-570 flavour (CUDA 12 artifacts, CUDA 13 dists dropped)
-#   cuda13        Python overlay: the plain PyPI CUDA 13 wheels made linkable
+#   cuda12        Python overlay: the driver-570 flavour (CUDA 12 artifacts, CUDA 13 dists dropped),
+#                 then its auto-patchelf plan (autopatchelf.nix)
+#   cuda13        Python overlay: the plain PyPI CUDA 13 wheels, with their auto-patchelf plan
 #   default       nixpkgs overlay adding `rftstack` (driver 570) and `rftstack-cuda13`
 #
 # # Type
@@ -26,9 +27,13 @@ in
 {
   cuda = import ./cuda.nix { inherit rs; };
   policy = import ./policy.nix { inherit rs script patchTool; };
-  cuda12 = import ./cuda12.nix { inherit rs script; };
-  cuda13 = import ./cuda13.nix { inherit rs; };
-  native = import ./native.nix;
+  cuda12 =
+    final: prev:
+    let
+      cuda12 = import ./cuda12.nix { inherit rs script; } final prev;
+    in
+    cuda12 // import ./autopatchelf.nix { inherit rs; flavour = "cuda12"; } final (prev // cuda12);
+  cuda13 = import ./autopatchelf.nix { inherit rs; flavour = "cuda13"; };
   default =
     final: prev:
     if mkPackages == null then

@@ -18,6 +18,8 @@ rec {
   #   groups:   dependency groups of the root to include (e.g. [ "dev" ])
   #   dropEdge: called with the depending package's name and the dependency's name; true
   #             removes the edge
+  #   rootPackage: a lock package to start from instead of `root` (for a package whose name
+  #             the lock has in several versions)
   #
   # # Example
   #   map (p: p.name) (walk { ...; root = "rftstack"; groups = [ ]; dropEdge = _: _: false; })
@@ -29,10 +31,11 @@ rec {
       root,
       groups ? [ ],
       dropEdge ? (_: _: false),
+      rootPackage ? null,
     }:
     let
       idx = lockLib.index lock;
-      rootPkg = lockLib.resolve idx { name = root; };
+      rootPkg = if rootPackage != null then rootPackage else lockLib.resolve idx { name = root; };
       node = pkg: which: {
         key = "${lockLib.key pkg}${if which ? extra then "[${which.extra}]" else if which ? group then "{${which.group}}" else ""}";
         inherit pkg which;

@@ -17,6 +17,8 @@
   # The repository's patches/ (policy [[patch]] files); null: no patches are applied (the
   # invariant every-policy-patch-is-applied then fails for a policy that names some).
   patchesDir ? null,
+  # What auto-patchelf may resolve (nix/data/libraries.toml).
+  librariesFile ? ../data/libraries.toml,
 }:
 let
   markers = import ./markers.nix;
@@ -33,6 +35,16 @@ let
   dropped = policyLib.droppedNames policy;
   # Packages whose dependency lists the driver-570 overlay rewrites.
   rewritten = closure.dependentsOf lock dropped;
+  dropEdges = {
+    cuda13 = _: _: false;
+    cuda12 = from: to: builtins.elem from rewritten && builtins.elem to dropped;
+  };
+  libraries = builtins.fromTOML (builtins.readFile librariesFile);
+  autoPatchelfLib = import ./autopatchelf.nix {
+    inherit libraries lock environ closure;
+    artifacts = policyLib.artifacts policy;
+    cudaLibraries = policyLib.replacementLibraries policy;
+  };
 
   flavour =
     { dropEdge, groups }:
@@ -46,7 +58,7 @@ let
       names = closure.names pkgs;
     };
 in
-{
+rec {
   inherit
     policy
     lock
@@ -64,6 +76,18 @@ in
   patches = if patchesDir == null then { } else policyLib.patches policy patchesDir;
   inherit patchesDir;
   replacementLibraries = policyLib.replacementLibraries policy;
+  inherit libraries;
+
+  # Per flavour and package: what auto-patchelf gets (search paths, libraries, ignored names).
+  autoPatchelf = builtins.mapAttrs (
+    f: cuda:
+    autoPatchelfLib.plan {
+      flavour = f;
+      inherit (flavours.${f}) packages;
+      dropEdge = dropEdges.${f};
+      inherit cuda;
+    }
+  ) { cuda12 = true; cuda13 = false; };
 
   flavours = {
     # The plain PyPI wheels (CUDA 13; drivers >= 580).
@@ -73,12 +97,12 @@ in
     };
     # Driver 570: edges to dropped dists are removed only where the overlay removes them.
     cuda12 = flavour {
-      dropEdge = from: to: builtins.elem from rewritten && builtins.elem to dropped;
+      dropEdge = dropEdges.cuda12;
       groups = [ ];
     };
     # The dev shell's closure (driver-570 flavour plus the dev group).
     cuda12-dev = flavour {
-      dropEdge = from: to: builtins.elem from rewritten && builtins.elem to dropped;
+      dropEdge = dropEdges.cuda12;
       groups = [ "dev" ];
     };
   };

@@ -17,21 +17,37 @@ let
   show = xs: if xs == [ ] then "none" else builtins.concatStringsSep ", " xs;
 
   # Lock dists that are CUDA 13 by their own metadata, independently of the drop list:
-  # `-cu13` names, cuda-toolkit 13.x, and every dependency of an extra named `cu13`.
+  # `-cu13` names; NVIDIA's unsuffixed CUDA wheels (nvidia-*, platform wheels, not `-cuNN`) whose
+  # version major is 13 (nvidia-cublas 13.x, nvidia-nvjpeg 13.x: the CUDA 13 wheels on PyPI have no
+  # suffix); cuda-toolkit 13.x and every dependency of any of its extras (nvidia-cufft 12.x is
+  # CUDA 13's cuFFT); and every dependency of an extra named `cu13`. (Pure-Python nvidia-* dists
+  # such as nvidia-ml-py 13.x are versioned by driver branch, not CUDA: they carry no library.)
   cuda13ByMetadata =
     let
-      named = builtins.filter (
+      major = p: builtins.head (builtins.splitVersion p.version);
+      platformWheel = p: builtins.any (w: builtins.match ".*-any\\.whl" w.url == null) (p.wheels or [ ]);
+      unsuffixedNvidia13 =
         p:
-        builtins.match ".*-cu13" p.name != null
-        || (p.name == "cuda-toolkit" && builtins.head (builtins.splitVersion p.version) == "13")
-      ) lock.package;
+        builtins.match "nvidia-.*" p.name != null
+        && builtins.match ".*-cu[0-9]+" p.name == null
+        && major p == "13"
+        && platformWheel p;
+      toolkit13 = builtins.filter (p: p.name == "cuda-toolkit" && major p == "13") lock.package;
+      named = builtins.filter (
+        p: builtins.match ".*-cu13" p.name != null || unsuffixedNvidia13 p
+      ) (lock.package ++ toolkit13);
       viaExtra = builtins.concatMap (
         p: map (d: d.name) (p.optional-dependencies.cu13 or [ ])
       ) lock.package;
+      viaToolkit = builtins.concatMap (
+        p: map (d: d.name) (builtins.concatLists (builtins.attrValues (p.optional-dependencies or { })))
+      ) toolkit13;
     in
     builtins.sort builtins.lessThan (
       builtins.attrNames (
-        builtins.listToAttrs (map (n: { name = n; value = null; }) (map (p: p.name) named ++ viaExtra))
+        builtins.listToAttrs (
+          map (n: { name = n; value = null; }) (map (p: p.name) named ++ viaExtra ++ viaToolkit)
+        )
       )
     );
 

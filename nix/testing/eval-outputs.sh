@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Evaluate every flake output to a .drv path against the real pyproject.nix, uv2nix,
 # build-system-pkgs and nixpkgs.lib, and the TEST STAND-IN for the rest of nixpkgs
-# (nix/testing/nixpkgs-stand-in). Needs the four repositories as bare git dirs (the session's
-# /work/.mirror by default; MIRROR=... to change). Builds nothing. Output: JSON on stdout.
+# (nix/testing/nixpkgs-stand-in). Needs the four repositories as bare git dirs under MIRROR
+# (MIRROR/<owner>+<name>/repo). Builds nothing. Output: JSON on stdout.
+# The flake is read as git+file: tracked files only (a path: flake would copy an untracked .venv).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-mirror=${MIRROR:-/work/.mirror}
+mirror=${MIRROR:?set MIRROR to the folder holding the bare git dirs <owner>+<name>/repo of pyproject.nix, uv2nix, build-system-pkgs and nixpkgs.lib}
 work=${WORK:-/tmp/rftstack-eval}
 NIX=(nix --extra-experimental-features 'nix-command flakes')
 rm -rf "$work"; mkdir -p "$work"
@@ -25,13 +26,18 @@ over=(--no-write-lock-file
   --override-input pyproject-nix "path:$work/pyproject.nix"
   --override-input uv2nix "path:$work/uv2nix"
   --override-input pyproject-build-systems "path:$work/build-system-pkgs")
-"${NIX[@]}" eval --impure --json "${over[@]}" "path:$repo#." --apply '
+"${NIX[@]}" eval --impure --json "${over[@]}" "git+file://$repo#." --apply '
   f: let
     drvs = builtins.mapAttrs (_: d: d.drvPath);
     s = "x86_64-linux";
   in {
     packages = drvs f.packages.${s};
     checks = drvs f.checks.${s};
+    gpuCheck = {
+      drv = f.packages.${s}.default.gpuCheck.drvPath;
+      requiredSystemFeatures = f.packages.${s}.default.gpuCheck.requiredSystemFeatures;
+      checksNeedingFeatures = builtins.filter (n: (f.checks.${s}.${n}.requiredSystemFeatures or [ ]) != [ ]) (builtins.attrNames f.checks.${s});
+    };
     devShells = drvs f.devShells.${s};
     apps = builtins.mapAttrs (_: a: a.program) f.apps.${s};
     overlays = builtins.mapAttrs (_: o: builtins.isFunction o) f.overlays;
@@ -51,5 +57,15 @@ over=(--no-write-lock-file
         in
         resolved == f.lib.flavours.${if set.torch.passthru ? rftstackArtifact then "cuda12" else "cuda13"}.names;
       droppedIsError = !(builtins.tryEval (set.nvidia-cudnn-cu13.drvPath)).success;
+      # auto-patchelf: the search paths nix/lib plans are in the preFixup of each wheel
+      searchPathsApplied =
+        let
+          flavour = if set.torch.passthru ? rftstackArtifact then "cuda12" else "cuda13";
+          plan = f.lib.autoPatchelf.${flavour};
+          wheels = builtins.filter (n: set ? ${n} && (set.${n}.passthru.format or null) == "wheel") (builtins.attrNames plan);
+          ok = n: builtins.all (d: builtins.match ".*/${d.dir}.*" (set.${n}.preFixup or "") != null) plan.${n}.searchPaths;
+        in
+        builtins.filter (n: !(ok n)) wheels == [ ];
+      vllmPreFixup = set.vllm.preFixup or "";
     }) f.legacyPackages.${s}.pythonSets;
   }' 

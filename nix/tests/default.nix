@@ -79,7 +79,8 @@ in
       trinity-rft = {
         version = "0.6.0";
         files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch"
-          "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" ];
+          "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
+          "trinity-proxy-commit-marks.patch" "trinity-proxy-api-key.patch" ];
       };
     };
   };
@@ -210,5 +211,30 @@ in
       "every-fetched-file-has-a-hash-cuda13"
       "every-closure-package-has-an-installable-file"
     ];
+  };
+
+  # --- auto-patchelf plan ------------------------------------------------------------------------
+  testAutoPatchelfVllmFindsLibtorchBothFlavours = {
+    expr = map (f: builtins.elem { dist = "torch"; dir = "torch/lib"; } real.autoPatchelf.${f}.vllm.searchPaths) [ "cuda12" "cuda13" ];
+    expected = [ true true ];
+  };
+  testAutoPatchelfCudartOnlyInCuda13 = {
+    expr = map (f: builtins.elem { dist = "nvidia-cuda-runtime"; dir = "nvidia/cu13/lib"; } real.autoPatchelf.${f}.torch.searchPaths) [ "cuda12" "cuda13" ];
+    expected = [ false true ];
+  };
+  testAutoPatchelfUndeclaredLink = {
+    expr = builtins.elem { dist = "torch"; dir = "torch/lib"; } real.autoPatchelf.cuda13.torchaudio.searchPaths;
+    expected = true;
+  };
+  testAutoPatchelfCudaLibsOnlyForArtifacts = {
+    expr = map (p: p.cuda != [ ]) [ real.autoPatchelf.cuda12.torch real.autoPatchelf.cuda12.numpy real.autoPatchelf.cuda13.torch ];
+    expected = [ true false false ];
+  };
+  testAutoPatchelfIgnoresDriverAndFlavourIgnores = {
+    expr = map (p: builtins.elem "libcute_dsl_runtime.so" p.ignoreMissing && builtins.elem "libcuda.so.1" p.ignoreMissing) [
+      real.autoPatchelf.cuda12.tokenspeed-mla
+      real.autoPatchelf.cuda13.tokenspeed-mla
+    ];
+    expected = [ true false ];
   };
 }

@@ -17,9 +17,11 @@ from rftstack.errors import UserError
 # name -> (module, one-line summary). Summaries live here so `rftstack --help` imports nothing.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rftstack.run.serve", "preflight, a loopback Ray head, then Trinity serve mode, supervised"),
+    "train": ("rftstack.run.train", "preflight, a loopback Ray head, then Trinity train mode (verl) on a serve's experiences, supervised"),
     "ray-head": ("rftstack.run.ray_head", "start/stop a Ray head bound to loopback with token auth"),
     "doctor": ("rftstack.doctor.collect", "find every known way this stack breaks on this machine, in seconds"),
     "env": ("rftstack.stack.env_report", "report the installed stack against the lock and the policy"),
+    "flavour": ("rftstack.bundle.flavour", "turn a synced environment into the CUDA 12 flavour (driver 570) from the policy and the lock"),
     "relax": ("rftstack.stack.relax", "apply the policy's metadata relaxations so `pip check` is clean"),
     "example-config": ("rftstack.run.report_config", "write a serve config of the user report's shape for a model directory"),
     "tiny-model": ("rftstack.run.tinymodel", "write a tiny random Qwen2 model directory (no download)"),

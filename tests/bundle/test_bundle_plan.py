@@ -105,3 +105,21 @@ def test_bad_target_is_one_sentence():
         bp.parse_target("twelve", "manylinux_2_28_x86_64")
     with pytest.raises(UserError, match="--platform 'win_amd64'"):
         bp.parse_target("3.12", "win_amd64")
+
+
+def test_cuda12_flavour_plan_from_the_real_lock_and_policy():
+    """--flavour cuda12: the policy's CUDA 12 builds replace torch/torchvision/torchaudio/vllm (URL
+    and sha256 from policy.toml), the lock's cuda12 group comes in, no CUDA 13-only distribution is left."""
+    from rftstack.stack import policy as _policy
+
+    pol = _policy.load()
+    lock = lockfile.load(REAL_LOCK)
+    items = {i.name: i for i in bp.plan(lock, bp.parse_target("3.12", "manylinux_2_31_x86_64"), flavour="cuda12", pol=pol)}
+    for a in pol.artifacts:
+        i = items[a.name]
+        assert (i.version, i.artifact.url, i.artifact.sha256) == (a.version, a.url, a.sha256)
+    assert len([n for n in items if n.endswith("-cu12")]) == 15
+    assert not [n for n in items if n.endswith("-cu13") or n in pol.drop_names()]
+    assert "cuda-bindings" in items and "nvidia-ml-py" in items
+    with pytest.raises(UserError, match="does not fit CPython 3.11"):
+        bp.plan(lock, bp.parse_target("3.11", "manylinux_2_31_x86_64"), flavour="cuda12", pol=pol)

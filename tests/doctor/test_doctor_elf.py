@@ -63,7 +63,7 @@ def test_fake_dists_against_570_and_580(fake_site):
     found = elf.scan(md.distributions(path=[str(fake_site)]))
     assert {(d.dist, d.cuda_major) for d in found} == {("nvidia-cu12pkg", 12), ("nvidia-cu13pkg", 13)}
     [f570] = elf.check(found, (12, 8), "570.133.20")
-    assert f570.status == FAIL and "nvidia-cu13pkg" in f570.message and "nix run .#serve" in f570.fix
+    assert f570.status == FAIL and "nvidia-cu13pkg" in f570.message and f570.fix.index("rftstack flavour cuda12") < f570.fix.index("nix run .#serve")
     [f580] = elf.check(found, (13, 0), "580.65.06")
     assert f580.status == OK
     only12 = [d for d in found if d.cuda_major == 12]
@@ -80,7 +80,7 @@ def test_real_installed_stack_fails_on_570_and_passes_on_580():
     for name in ("torch", "vllm"):
         f = res[f"elf.{name}"]
         assert f.status == FAIL and "libcudart.so.13" in f.message and "570.133.20" in f.message
-        assert "nix run .#serve" in f.fix and "+cu12" in f.fix  # names the CUDA 12 build from policy.toml
+        assert f.fix.index("rftstack flavour cuda12") < f.fix.index("nix run .#serve") and "+cu12" in f.fix  # names the CUDA 12 build from policy.toml
     assert res["elf.nvidia"].status == FAIL
     res580 = elf.check(found, (13, 0), "580.65.06", pol)
     assert all(f.status == OK for f in res580), [f for f in res580 if f.status != OK]

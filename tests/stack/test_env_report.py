@@ -30,6 +30,7 @@ def test_env_on_the_synced_stack_is_clean():
     assert rep["key_packages"]["vllm"] == {"locked": "0.23.0", "installed": "0.23.0", "state": "ok"}
     assert {p["dist"]: p["state"] for p in rep["policy"]} == {"verl": "applied", "trinity-rft": "applied"}
     assert rep["cuda"]["torch"] == "13.0"  # PyPI torch 2.11.0 is the CUDA 13 build
+    assert rep["flavour"] == "cuda13"
 
 
 def test_env_names_what_differs_from_the_lock(tmp_path):

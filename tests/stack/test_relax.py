@@ -290,3 +290,37 @@ def test_relax_refuses_a_patch_file_whose_hash_differs(torch_site, tmp_path):
     (other / _torch_patch().file).write_text(text.replace("rftstack patch", "rftstack  patch", 1))
     with pytest.raises(UserError, match="sha256"):
         relax.apply_policy([torch_site], policy.load(), patches_dir=other)
+
+
+def test_cuda12_rewrites_apply_to_the_cu128_torch_only_and_once(tmp_path):
+    """policy.toml [[cuda12.rewrite]], as `rftstack relax` applies them (apply_policy, the bundle
+    installer's relax step): torch 2.11.0+cu128's cuda-toolkit line removed, its cuda-bindings<13
+    widened with the marker kept, the RECORD entry re-hashed; an extra's line and the CUDA 13
+    torch 2.11.0 left alone; a second run changes nothing."""
+    import dataclasses
+
+    pol = dataclasses.replace(policy.load(), patches=())
+    lines = ['cuda-toolkit[cublas,cudart]==12.8.1; platform_system == "Linux"', 'cuda-bindings<13,>=12.9.4; platform_system == "Linux"',
+             'nvidia-cudnn-cu12==9.19.0.56; platform_system == "Linux"', 'cuda-toolkit==12.8.1; extra == "toolkit"']
+    for version in ("2.11.0+cu128", "2.11.0"):
+        site = tmp_path / version
+        di = site / f"torch-{version}.dist-info"
+        di.mkdir(parents=True)
+        meta = f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n" + "".join(f"Requires-Dist: {l}\n" for l in lines) + "\nbody\n"
+        (di / "METADATA").write_text(meta)
+        (di / "RECORD").write_text(f"torch-{version}.dist-info/METADATA,sha256=old,1\n")
+        plans, _ = relax.apply_policy([site], pol)
+        got = _requires(di)
+        if version == "2.11.0":
+            assert got == lines and not [p for p in plans if p.dist == "torch"]
+            continue
+        assert got == ['cuda-bindings>=12.9.4; platform_system == "Linux"', 'nvidia-cudnn-cu12==9.19.0.56; platform_system == "Linux"',
+                       'cuda-toolkit==12.8.1; extra == "toolkit"']
+        data = (di / "METADATA").read_bytes()
+        assert f"{_hash_b64(data)},{len(data)}" in (di / "RECORD").read_text()
+        [again] = relax.plan_rewrites([site], pol)
+        assert again.new_metadata is None
+
+
+def _hash_b64(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

@@ -59,6 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--exclude-optional-gpu", action="store_true", help="leave out the large optional GPU wheels a small-model serve never imports (see docs/bundle.md)")
     b.add_argument("--part-size", type=float, default=DEFAULT_PART_MIB, metavar="MIB", help=f"largest part, in MiB (default {DEFAULT_PART_MIB})")
     b.add_argument("--cache", type=Path, help="where downloads and built wheels are kept between runs (default: OUT/.files)")
+    b.add_argument("--flavour", choices=[bundle_plan.CUDA12], help="cuda12: the driver-570 set (policy.toml [cuda12] builds, uv.lock's cuda12 group, no CUDA 13 library)")
+    b.add_argument("--policy", help="policy file for --flavour (default: the one shipped with rftstack)")
     b.add_argument("--dry-run", action="store_true", help="print the plan, download nothing")
     b.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
@@ -179,12 +181,14 @@ def gather(items: list[bundle_plan.Item], lock: lockfile.Lock, cache: Path) -> l
     total = sum(i.size for i in downloads)
     _log(f"fetching {len(downloads)} files ({human_bytes(total)}) into {cache}")
     progress = Progress(total)
+    lock_versions = {p.name: p.version for p in lock.packages}
     files: list[dict] = []
     for n, item in enumerate(downloads, 1):
         art = item.artifact
         dest = cache / ("sdist" if item.kind == bundle_plan.SDIST else "wheels") / art.filename
         progress.set_label(art.filename)
-        state = fetch.download(art.url, dest, art.sha256, art.size, advance=progress.advance)
+        source = "uv.lock" if item.version == lock_versions.get(item.name) else "policy.toml"
+        state = fetch.download(art.url, dest, art.sha256, art.size, advance=progress.advance, source=source)
         if state == fetch.PRESENT:
             progress.skip(art.size or 0)
         progress.note(f"[{n}/{len(downloads)}] {art.filename} {human_bytes(art.size or 0)} {state}, sha256 ok")
@@ -309,8 +313,18 @@ def build(args) -> dict:
     lock = lockfile.load(args.lock)
     target = bundle_plan.parse_target(args.python, args.platform)
     patterns = exclusions(args)
-    items = bundle_plan.plan(lock, target, have=read_have(args.have), exclude=patterns)
+    flavour = getattr(args, "flavour", None)
+    pol = None
+    if flavour:
+        from rftstack.stack import policy
+
+        try:
+            pol = policy.load(getattr(args, "policy", None))
+        except policy.PolicyError as exc:
+            raise UserError(str(exc)) from None
+    items = bundle_plan.plan(lock, target, have=read_have(args.have), exclude=patterns, flavour=flavour, pol=pol)
     summary = {
+        "flavour": flavour or "cuda13",
         "target": target.as_dict(),
         "lock": str(lock.path),
         "lock_sha256": lock.sha256,
@@ -334,6 +348,7 @@ def build(args) -> dict:
         cache.mkdir(parents=True, exist_ok=True)
         files = gather(items, lock, cache)
         meta = {
+            "flavour": flavour or "cuda13",
             "target": target.as_dict(),
             "lock_sha256": lock.sha256,
             "part_size_mib": args.part_size,

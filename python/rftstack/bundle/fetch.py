@@ -54,6 +54,8 @@ def _stream(url: str, part: Path, offset: int, advance, timeout: float) -> int:
             offset = 0  # the server sent the whole file: start over
             if advance:
                 advance(-part.stat().st_size)
+        expected = resp.headers.get("Content-Length")
+        written = 0
         with open(part, "r+b" if offset else "wb") as f:
             f.seek(offset)
             f.truncate()
@@ -62,15 +64,20 @@ def _stream(url: str, part: Path, offset: int, advance, timeout: float) -> int:
                 if not block:
                     break
                 f.write(block)
+                written += len(block)
                 if advance:
                     advance(len(block))
+        if expected and expected.isdigit() and written < int(expected):  # the connection closed early
+            raise http.client.IncompleteRead(b"", int(expected) - written)
     return offset
 
 
-def download(url: str, dest: Path, sha256: str, size: int | None = None, *, advance=None, retries: int = 4, timeout: float = 60.0) -> str:
+def download(url: str, dest: Path, sha256: str, size: int | None = None, *, advance=None, retries: int = 4, timeout: float = 60.0,
+             source: str = "uv.lock") -> str:
     """Make ``dest`` the file at ``url`` with hash ``sha256``; returns PRESENT, DOWNLOADED or RESUMED.
 
-    ``advance(n)`` is called with the bytes written (negative when a partial file is dropped).
+    ``advance(n)`` is called with the bytes written (negative when a partial file is dropped);
+    ``source`` names where the hash and size come from, in the error sentences.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
@@ -98,7 +105,7 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None, *, adva
             if exc.errno == errno.ENOSPC:
                 raise disk_full(dest, size) from None
             if isinstance(exc, urllib.error.HTTPError) and exc.code in (403, 404, 410):
-                raise UserError(f"{url} answered HTTP {exc.code}; the lock points at a file the index no longer serves, run `uv lock` again") from None
+                raise UserError(f"{url} answered HTTP {exc.code}; {source} points at a file the server no longer serves, update {source}") from None
             attempt += 1
             if attempt > retries:
                 raise UserError(f"downloading {dest.name} failed {attempt} times ({exc}); check the network or proxy and run the same command again to resume") from None
@@ -107,7 +114,7 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None, *, adva
         except http.client.HTTPException as exc:
             attempt += 1
             if attempt > retries:
-                raise UserError(f"downloading {dest.name} failed {attempt} times ({exc!r}); run the same command again to resume") from None
+                raise UserError(f"downloading {dest.name} failed {attempt} time(s) ({exc!r}{': the connection closed before the whole file came' if isinstance(exc, http.client.IncompleteRead) else ''}); run the same command again to resume", 1) from None
             time.sleep(min(2**attempt, 15))
             continue
         digest = sha256_file(part)
@@ -120,5 +127,8 @@ def download(url: str, dest: Path, sha256: str, size: int | None = None, *, adva
                 advance(-part.stat().st_size)
             part.unlink()
             continue
+        got = part.stat().st_size
         part.unlink()
-        raise UserError(f"{dest.name} from {url} has sha256 {digest}, but uv.lock says {sha256}; the download or the lock is wrong, run `uv lock` again or check the mirror", 1)
+        if size is not None and got != size:
+            raise UserError(f"{dest.name} from {url} is {got} bytes, but {source} says {size}: a truncated or wrong download, nothing was kept; run the same command again or check the mirror", 1)
+        raise UserError(f"{dest.name} from {url} has sha256 {digest}, but {source} says {sha256}; the download or {source} is wrong, check the mirror (or update {source})", 1)

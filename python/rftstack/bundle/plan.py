@@ -183,10 +183,37 @@ class Item:
         return d
 
 
-def plan(lock: Lock, target: Target, *, have: dict[str, str] | None = None, exclude: list[str] = ()) -> list[Item]:
-    """One Item per locked package the target installs, sorted by name."""
-    chosen = lock.resolve(target.marker_env())
+CUDA12 = "cuda12"
+
+
+def flavour_swaps(pol, supported: list, target: Target) -> dict[str, tuple[str, Artifact]]:
+    """Canonical name -> (version, artifact) of the policy's CUDA 12 builds, each checked to fit the target."""
+    out = {}
+    for a in pol.artifacts:
+        art = Artifact(a.url, a.sha256, a.size, a.filename)
+        if pick_wheel((art,), supported) is None:
+            raise UserError(f"the policy's CUDA 12 build {a.filename} does not fit {target}; pass --python 3.12 (the builds are cp312)")
+        out[canonical(a.name)] = (a.version, art)
+    return out
+
+
+def plan(lock: Lock, target: Target, *, have: dict[str, str] | None = None, exclude: list[str] = (), flavour: str | None = None, pol=None) -> list[Item]:
+    """One Item per locked package the target installs, sorted by name.
+
+    ``flavour="cuda12"`` (with the policy ``pol``): the lock's cuda12 group is added, every CUDA
+    13-only distribution ([[cuda12.drop]], ``*-cu13``) left out, and the policy's CUDA 12 builds
+    replace the lock's torch/torchvision/torchaudio/vllm."""
     supported = supported_tags(target)
+    swaps: dict[str, tuple[str, Artifact]] = {}
+    if flavour == CUDA12:
+        drop = pol.drop_names()
+        gone = {p.name for p in lock.packages if p.name in drop or p.name.endswith("-cu13")}
+        chosen = lock.resolve(target.marker_env(), groups=(CUDA12,), exclude=gone)
+        swaps = flavour_swaps(pol, supported, target)
+    elif flavour is None:
+        chosen = lock.resolve(target.marker_env())
+    else:
+        raise UserError(f"--flavour {flavour!r} is not known; pass cuda12 (or leave it out for the lock's CUDA 13 builds)")
     have = have or {}
     items: list[Item] = []
     no_wheel: list[str] = []
@@ -195,6 +222,9 @@ def plan(lock: Lock, target: Target, *, have: dict[str, str] | None = None, excl
         pattern = excluded_by(name, list(exclude))
         if pkg.is_root:
             kind, art = PROJECT, None
+        elif name in swaps:
+            kind, (version, art) = WHEEL, swaps[name]
+            pkg = dataclasses.replace(pkg, version=version)
         else:
             art = pick_wheel(pkg.wheels, supported)
             kind = WHEEL

@@ -34,6 +34,9 @@ CHECKS: dict[str, str] = {
     "network": "proxy and Ray ports free; who can reach the proxy's listen address",
     "ray": "a running Ray cluster and whether it answers",
 }
+# The groups about this machine and its install, not about a config: a failure here means nothing
+# can serve, so `collect(..., stop_at_machine_failure=True)` (serve's preflight) stops there.
+MACHINE = ("gpu", "elf", "toolchain", "pyenv", "vllm-api")
 
 
 def _version(dist: str) -> str | None:
@@ -61,8 +64,13 @@ class _Run:
 
 
 def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, skip: Iterable[str] = (),
-            progress: Callable[[str], None] | None = None, python: str | None = None) -> list[Finding]:
+            progress: Callable[[str], None] | None = None, python: str | None = None,
+            stop_at_machine_failure: bool = False) -> list[Finding]:
     """Every finding about this machine and, with ``config_path``, that config.
+
+    ``stop_at_machine_failure``: return right after the machine groups (MACHINE) when one of them
+    failed, so nothing slow (Trinity's config subprocess) runs for a machine that cannot serve.
+    A config whose values fail (checks.values) is not handed to Trinity's subprocess either.
 
     ``gpu_reader``: a callable returning a ``checks.gpu.GpuInfo``; None reads the real driver (NVML,
     /proc, nvidia-smi). Tests pass a named test double here, the one thing not on a CPU machine.
@@ -71,7 +79,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     from rftstack.doctor import netstat
     from rftstack.stack import policy as policy_mod
     from rftstack.doctor.checks import config as config_check
-    from rftstack.doctor.checks import elf, gpu, model, network, pyenv, ray_cluster, rlloop, toolchain, vllm_api
+    from rftstack.doctor.checks import elf, gpu, model, network, pyenv, ray_cluster, rlloop, toolchain, values, vllm_api
 
     skip = set(skip)
     unknown = skip - set(CHECKS)
@@ -100,6 +108,8 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     vllm_root = vllm_api.package_dir("vllm")
     trinity_root = vllm_api.package_dir("trinity")
     run("vllm-api", lambda: vllm_api.check(trinity_root, vllm_root, vllm_version))
+    if stop_at_machine_failure and any(f.status == FAIL for f in run.out):
+        return run.out
 
     raw = None
     if config_path is not None:
@@ -111,7 +121,17 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         else:
             raw, file_findings = config_check.check_file(config_path)
             run.out.extend(file_findings)
+            value_failed = False
             if raw is not None:
+                before = len(run.out)
+                run("config", lambda: values.check(
+                    raw, gpus_present=len(info.gpus) if info.driver_version else None,
+                    model_max_len=config_check.max_position_embeddings(config_check.read_model_config(config_check.model_path(raw))),
+                    engine_args=values.engine_arg_names(vllm_root)))
+                value_failed = any(f.status == FAIL for f in run.out[before:])
+                if value_failed:
+                    run.out.append(Finding("config.trinity", F.INFO, "Trinity's own config check did not run: fix the values above first.", ""))
+            if raw is not None and not value_failed:
                 say("checking the config with Trinity's own code (a subprocess that imports torch/ray/verl, about 15 s)...")
                 mpath = config_check.model_path(raw)
                 run("config", lambda: config_check.check_trinity(
@@ -119,9 +139,15 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                     raw, config_check.read_model_config(mpath), config_path))
     if raw is not None:
         get = config_check.get
+
+        def number(key: str, default, ok=values.is_num):
+            """The config's value, or the default where it is of the wrong type (config.value said so)."""
+            v = get(raw, key, default)
+            return v if ok(v) else default
+
         run("rl-loop", lambda: rlloop.check(
-            int(get(raw, "explorer.rollout_model.engine_num", rlloop.DEFAULT_ENGINE_NUM)),
-            int(get(raw, "explorer.min_running_model_num", rlloop.DEFAULT_MIN_RUNNING)),
+            number("explorer.rollout_model.engine_num", rlloop.DEFAULT_ENGINE_NUM, values.is_int),
+            number("explorer.min_running_model_num", rlloop.DEFAULT_MIN_RUNNING, values.is_int),
             config_check.is_set(raw, "explorer.min_running_model_num"),
             rlloop.sync_gate((trinity_root / rlloop.SERVICE).read_text()) if trinity_root and (trinity_root / rlloop.SERVICE).is_file() else None,
             get(raw, "mode", "serve")))
@@ -132,14 +158,15 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                 config_check.model_path(raw),
                 registry_source=reg.read_text() if reg and reg.is_file() else None,
                 vllm_version=vllm_version, gpu=info,
-                gpu_memory_utilization=float(get(raw, "explorer.rollout_model.gpu_memory_utilization", 0.9)),
-                max_model_len=get(raw, "explorer.rollout_model.max_model_len") or get(raw, "model.max_model_len"))
+                gpu_memory_utilization=float(number("explorer.rollout_model.gpu_memory_utilization", 0.9)),
+                max_model_len=None)  # against the model: config.value
         run("model", model_findings)
 
     ray_address, ray_source = ray_cluster.find_address(env)
     ray_ok = ray_cluster.reachable(ray_address) if ray_address and not ray_address.startswith("ray://") else (None, "")
+    port = config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)
     run("network", lambda: network.check(
-        int(config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)),
+        port if values.is_int(port) else network.DEFAULT_PROXY_PORT,
         str(config_check.get(raw or {}, "explorer.listen_address", network.DEFAULT_LISTEN)),
         netstat.listeners(),
         ray_address if ray_ok[0] else None,

@@ -84,12 +84,36 @@ def patch_states(sites: list[Path], pol: policy.Policy, directory: Path | None =
     return out
 
 
+FLAVOURS = {
+    "cuda13": "CUDA 13 (PyPI's builds, driver >= 580)",
+    "cuda12": "CUDA 12 (policy.toml [cuda12] builds and the lock's cuda12 group, driver >= 570)",
+    "mixed": "MIXED: some policy [cuda12] builds installed, some not",
+    "none": "none (torch/vllm not installed)",
+}
+
+
+def expected(lock: lockfile.Lock, pol: policy.Policy, flavour: str) -> dict[str, str]:
+    """Canonical name -> locked version the environment should hold for its flavour: the CUDA 12
+    flavour adds the lock's cuda12 group and leaves out every CUDA 13-only distribution."""
+    from rftstack.stack import flavours as _flavour
+
+    groups: tuple[str, ...] = ("dev",)
+    exclude: set[str] = set()
+    if flavour == _flavour.CUDA12:
+        groups += (_flavour.GROUP,)
+        exclude = {p.name for p in lock.packages if _flavour.is_cuda13_only(p.name, pol)}
+    wanted = lock.resolve(lockfile.current_environment(), groups=groups, exclude=exclude)
+    return {n: p.version for n, p in wanted.items() if "virtual" not in p.source}  # a virtual root is never installed
+
+
 def report(lock_path=None) -> dict:
+    from rftstack.stack import flavours as _flavour
+
     lock = lockfile.load(lock_path)
-    wanted = lock.resolve(lockfile.current_environment(), groups=("dev",))
-    locked = {n: p.version for n, p in wanted.items()}
-    rows = compare(locked, installed_versions())
     pol = policy.load()
+    have = installed_versions()
+    flav = _flavour.installed_flavour(have, pol)
+    rows = compare(expected(lock, pol, flav), have)
     sites = relax.default_sites()
     plans = [relax.plan_dist(sites, dist, pol) for dist in sorted(pol.dists())]
     return {
@@ -99,6 +123,7 @@ def report(lock_path=None) -> dict:
         "key_packages": {r.name: {"locked": r.locked, "installed": r.installed, "state": r.state}
                          for r in rows if r.name in KEY_PACKAGES},
         "cuda": cuda_flavour(sites[0]),
+        "flavour": flav,
         "counts": {s: sum(1 for r in rows if r.state == s) for s in ("ok", "flavour", "differs", "missing", "extra")},
         "problems": [dataclasses.asdict(r) | {"state": r.state} for r in rows if r.state in ("differs", "missing")],
         "extra": [r.name for r in rows if r.state == "extra"],
@@ -120,7 +145,7 @@ def run(args) -> int:
     pending = [p for p in rep["policy"] if p["state"] == relax.CHANGED]
     pending_patches = [p for p in rep["patches"] if p["state"] == relax.PENDING]
     mismatched = [p for p in rep["patches"] if p["state"] == "mismatch"]
-    bad = bool(rep["problems"] or pending or pending_patches or mismatched)
+    bad = bool(rep["problems"] or pending or pending_patches or mismatched or rep["flavour"] == "mixed")
     if args.json:
         print(json.dumps(rep | {"ok": not bad}, indent=2))
         return 1 if bad else 0
@@ -131,6 +156,7 @@ def run(args) -> int:
     for name, k in rep["key_packages"].items():
         print(f"  {name:<24} locked {k['locked'] or '-':<12} installed {k['installed'] or '-':<16} {k['state']}")
     print(f"cuda    torch built for CUDA {rep['cuda']['torch'] or '?'}; vllm build: {rep['cuda']['vllm'] or 'not installed'}")
+    print(f"flavour {FLAVOURS[rep['flavour']]}")
     for p in rep["policy"]:
         state = {"applied": "relaxed as the policy wants", "absent": "not installed",
                  "changed": "NOT relaxed yet: " + "; ".join(p["pending"])}[p["state"]]
@@ -145,6 +171,8 @@ def run(args) -> int:
         print("fix: run `uv sync --locked` (or reinstall the bundle) so the environment matches uv.lock")
     if pending or pending_patches:
         print("fix: run `rftstack relax` to apply the policy (relaxations, additions, patches)")
+    if rep["flavour"] == "mixed":
+        print("fix: run `rftstack flavour cuda12` to finish the CUDA 12 flavour, or `uv sync --locked` for the CUDA 13 one")
     if mismatched:
         print("fix: reinstall the locked versions (`uv sync --locked`), then run `rftstack relax`")
     return 1 if bad else 0

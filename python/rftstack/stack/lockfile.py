@@ -106,12 +106,33 @@ class Lock:
         """Canonical name -> locked package, for everything the target installs (root included).
 
         ``exclude``: canonical names whose incoming edges are removed (a flavour that drops them)."""
+        return self._walk(env, [(self.root(), "")], groups, exclude)
+
+    def group(self, env: dict[str, str], name: str) -> dict[str, LockedPackage]:
+        """Canonical name -> locked package, for one dependency group of the root project and what
+        it pulls (the root's own dependencies left out); empty when the lock has no such group."""
+        root = self.root()
+        edges = self._raw[(root.name, root.version)].get("dev-dependencies", {}).get(name, [])
+        return self._walk(env, self._targets(env, edges, frozenset()), (), frozenset())
+
+    def _targets(self, env: dict[str, str], edges: list[dict], exclude) -> list[tuple[LockedPackage, str]]:
         from packaging.markers import Marker
 
+        out: list[tuple[LockedPackage, str]] = []
+        for dep in edges:
+            if canonical(dep["name"]) in exclude:
+                continue
+            if "marker" in dep and not Marker(dep["marker"]).evaluate(env):
+                continue
+            target = self._find(dep["name"], dep.get("version"))
+            out.append((target, ""))
+            out += [(target, e) for e in dep.get("extra", [])]
+        return out
+
+    def _walk(self, env: dict[str, str], stack: list[tuple[LockedPackage, str]], groups: tuple[str, ...], exclude) -> dict[str, LockedPackage]:
         root = self.root()
         chosen: dict[str, LockedPackage] = {}
         seen: set[tuple[str, str, str]] = set()
-        stack: list[tuple[LockedPackage, str]] = [(root, "")]
         while stack:
             pkg, extra = stack.pop()
             key = (pkg.name, pkg.version, extra)
@@ -127,15 +148,7 @@ class Lock:
                 if pkg is root:
                     for g in groups:
                         edges += raw.get("dev-dependencies", {}).get(g, [])
-            for dep in edges:
-                if canonical(dep["name"]) in exclude:
-                    continue
-                if "marker" in dep and not Marker(dep["marker"]).evaluate(env):
-                    continue
-                target = self._find(dep["name"], dep.get("version"))
-                stack.append((target, ""))
-                for e in dep.get("extra", []):
-                    stack.append((target, e))
+            stack += self._targets(env, edges, exclude)
         return chosen
 
 

@@ -55,6 +55,25 @@ class Artifact:
     url: str
     sha256: str
     note: str = ""
+    size: int | None = None  # bytes, where a public record gives it (the fetcher then checks it too)
+
+    @property
+    def filename(self) -> str:
+        from urllib.parse import unquote
+
+        return unquote(self.url.rsplit("/", 1)[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewrite:
+    """A Requires-Dist line of a CUDA 12 artifact that the pip/uv route rewrites after installing it:
+    the line naming ``requirement`` (extras-only lines untouched) becomes ``now`` (none: removed)."""
+
+    dist: str
+    version: str
+    requirement: str
+    now: tuple[str, ...]
+    why: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +93,11 @@ class Policy:
     artifacts: tuple[Artifact, ...]
     path: Path
     patches: tuple[Patch, ...] = ()
+    rewrites: tuple[Rewrite, ...] = ()
+
+    def drop_names(self) -> set[str]:
+        """Canonical names of the lock's CUDA 13-only distributions ([[cuda12.drop]])."""
+        return {canonical(d["dist"]) for d in self.cuda12.get("drop", [])}
 
     def dists(self) -> set[str]:
         """Every distribution whose metadata the policy changes."""
@@ -104,9 +128,10 @@ def load(path: str | os.PathLike | None = None) -> Policy:
         cuda12 = data.get("cuda12", {})
         artifacts = tuple(Artifact(**a) for a in cuda12.get("artifact", []))
         patches = tuple(Patch(**p) for p in data.get("patch", []))
+        rewrites = tuple(Rewrite(**(r | {"now": tuple(r.get("now", ()))})) for r in cuda12.get("rewrite", []))
     except TypeError as exc:
         raise PolicyError(f"policy file {path} has an entry with wrong keys ({exc})") from None
     for r in relax:
         if requirement_name(r.was) != requirement_name(r.now):
             raise PolicyError(f"policy file {path}: relax of {r.dist} turns {r.was!r} into another package {r.now!r}")
-    return Policy(relax, add, cuda12, artifacts, path, patches)
+    return Policy(relax, add, cuda12, artifacts, path, patches, rewrites)

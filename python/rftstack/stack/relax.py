@@ -143,6 +143,42 @@ def plan_dist(sites: list[Path], dist: str, pol: _policy.Policy) -> Plan:
     return Plan(dist, version, d, edits, new if new != text else None)
 
 
+def _split_marker(req: str) -> tuple[str, str]:
+    head, sep, marker = req.partition(";")
+    return head.strip(), marker.strip() if sep else ""
+
+
+def plan_rewrites(sites: list[Path], pol: _policy.Policy) -> list[Plan]:
+    """The policy's [[cuda12.rewrite]] for each CUDA 12 artifact installed at its version (the pip/uv
+    route of the driver-570 flavour); nothing for other versions (the CUDA 13 flavour)."""
+    out: list[Plan] = []
+    for dist in sorted({_policy.canonical(r.dist) for r in pol.rewrites}):
+        d = find_dist_info(sites, dist)
+        if d is None:
+            continue
+        text = (d / "METADATA").read_text(encoding="utf-8")
+        _, version = _metadata_fields(text)
+        rules = [r for r in pol.rewrites if _policy.canonical(r.dist) == dist and r.version == version]
+        if not rules:
+            continue
+        lines = text.splitlines(keepends=True)
+        newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+        edits: list[str] = []
+        for r in rules:
+            for i, req in reversed(_requires(lines)):
+                head, marker = _split_marker(req)
+                if _policy.requirement_name(head) != _policy.canonical(r.requirement) or "extra" in marker:
+                    continue
+                if _norm(head) in {_norm(n) for n in r.now}:
+                    continue  # rewritten before
+                new = [f"Requires-Dist: {n}{'; ' + marker if marker else ''}{newline}" for n in r.now]
+                lines[i : i + 1] = new
+                edits.append(f"rewrite {req!r} -> {', '.join(repr(n) for n in r.now) or 'nothing'}")
+        new_text = "".join(lines)
+        out.append(Plan(dist, version, d, edits, new_text if new_text != text else None))
+    return out
+
+
 @dataclasses.dataclass
 class PatchPlan:
     """What relax does with one policy [[patch]]."""
@@ -210,7 +246,7 @@ def default_sites() -> list[Path]:
 def apply_policy(sites: list[Path], pol: _policy.Policy, *, dry_run: bool = False, patches_dir: Path | None = None) -> tuple[list[Plan], list[PatchPlan]]:
     """Plan every metadata change and every patch first (refusing on any mismatch), then apply."""
     directory = patches_dir or _patches.patches_dir()
-    plans = [plan_dist(sites, dist, pol) for dist in sorted(pol.dists())]
+    plans = [plan_dist(sites, dist, pol) for dist in sorted(pol.dists())] + plan_rewrites(sites, pol)
     patch_plans = plan_patches(sites, pol, directory)
     if not dry_run:
         for p in plans:
