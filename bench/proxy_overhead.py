@@ -51,7 +51,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
+from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "memory", "sqlite", "sqlite-group", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
 FLAGS = ("quiet", "h11", "published", "offer")
@@ -120,12 +120,6 @@ def group_commit_installed() -> bool:
         return False
     recorder = Path(spec.origin).parent / "explorer" / "proxy" / "recorder.py"
     return recorder.is_file() and GROUP_COMMIT_VAR in recorder.read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:

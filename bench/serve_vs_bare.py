@@ -42,7 +42,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -57,6 +56,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
 from proxy_overhead import GROUP_COMMIT_VAR  # noqa: E402
+from rftstack.doctor.netstat import free_port
 
 PHASES = ("bare", "trinity", "trinity-nogroup", "manual")
 
@@ -71,12 +71,6 @@ MARKERS = {
     "cuda_graphs": r"Graph capturing finished in ([\d.]+) secs",
     "engine_init": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Proc:

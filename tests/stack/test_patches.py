@@ -66,7 +66,7 @@ def test_apply_is_strict_idempotent_and_updates_record(site):
     after = (site / REL).read_text()
     assert "_loopback_listen_fd" in after and after != before
     record = next(site.glob("torch-*.dist-info/RECORD")).read_text()
-    assert patches._record_hash(after.encode()) in record
+    assert patches.record_hash(after.encode()) in record
     assert apply(site) == [(REL, "already applied")]
     assert (site / REL).read_text() == after
 
@@ -166,3 +166,44 @@ def test_reversed_patch_restores_the_original(site):
     for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
         text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
     assert text == original
+
+
+TWO_HUNKS = """--- a/pkg/m.py
++++ b/pkg/m.py
+@@ -2,3 +2,3 @@
+ a = 1
+-b = 2
++b = 20
+ c = 3
+@@ -12,3 +12,3 @@
+ x = 1
+-y = 2
++y = 20
+ z = 3
+"""
+
+
+def _module(*, first: str = "b = 2", second: str = "y = 2") -> str:
+    pad = [f"# line {i}" for i in range(6)]
+    return "\n".join(["# m.py", "a = 1", first, "c = 3", *pad, "", "x = 1", second, "z = 3", ""])
+
+
+def test_a_context_that_matches_twice_away_from_its_line_is_refused():
+    """A hunk whose lines are not at the stated line and occur more than once elsewhere could go to
+    either place: refused rather than guessed."""
+    (fp,) = patches.parse(TWO_HUNKS)
+    text = _module()
+    assert patches.apply_text(text, fp)[1] == "applied"
+    block = "x = 1\ny = 2\nz = 3"
+    moved = text.replace(block, "# gone").replace("# line 0", block + "\n# line 0").replace("# line 3", block + "\n# line 3")
+    with pytest.raises(patches.PatchError, match="matches neither"):
+        patches.apply_text(moved, fp)
+
+
+def test_a_half_patched_file_is_refused():
+    """One hunk applied and the other not (an interrupted or hand-edited install): refused, never
+    completed, since the file is neither the version the patch was made for nor the patched one."""
+    (fp,) = patches.parse(TWO_HUNKS)
+    assert patches.apply_text(_module(first="b = 20", second="y = 20"), fp)[1] == "already applied"
+    with pytest.raises(patches.PatchError, match="partly patched already"):
+        patches.apply_text(_module(first="b = 20"), fp)
