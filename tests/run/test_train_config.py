@@ -35,7 +35,7 @@ def pair(tmp_path: Path, model: str, **train_kw) -> tuple[dict, dict]:
     serve_cfg, _ = serve_config.effective(serve_user, run_dir=str(tmp_path / "serve-run"), ray_address="127.0.0.1:1", proxy_port=18010)
     train_user = train_config.example(model, checkpoint_root_dir=ckpt, project=report_config.REPORT_PROJECT,
                                       name=report_config.REPORT_NAME, max_model_len=2048, **train_kw)  # fmt: skip
-    train_cfg, _ = train_config.effective(train_user, ray_address="127.0.0.1:2")
+    train_cfg, _ = train_config.effective(train_user, ray_address="127.0.0.1:2", flash_attn=True)
     return serve_cfg, train_cfg
 
 
@@ -53,7 +53,7 @@ def test_the_pair_meets_in_one_job_dir_and_store(tmp_path):
 
 def test_effective_records_what_it_sets(tmp_path):
     user = {"model": {"model_path": MODEL}, "checkpoint_root_dir": "/c", "buffer": {"train_batch_size": 4}}
-    cfg, changes = train_config.effective(user, ray_address="127.0.0.1:2", gpus=2)
+    cfg, changes = train_config.effective(user, ray_address="127.0.0.1:2", gpus=2, flash_attn=True)
     got = {c.key: c.new for c in changes}
     assert got["mode"] == "train" and got["cluster.gpu_per_node"] == 2 and got["continue_from_checkpoint"] is True
     assert got["trainer.save_interval"] == 1
@@ -74,7 +74,7 @@ def test_effective_records_what_it_sets(tmp_path):
 def test_configs_train_cannot_run_are_one_sentence(user, sentence):
     base = {"model": {"model_path": MODEL}, "checkpoint_root_dir": "/c", "buffer": {"train_batch_size": 4}}
     with pytest.raises(ConfigError, match=sentence.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
-        train_config.effective({**base, **user}, ray_address="a")
+        train_config.effective({**base, **user}, ray_address="a", flash_attn=True)
 
 
 TRINITY_CHECK = r"""

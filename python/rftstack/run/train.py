@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from rftstack.doctor.checks import trainside
 from rftstack.run import ray_head, rundir, serve, serve_config, supervisor, train_config
 from rftstack.errors import UserError
 
@@ -73,18 +74,18 @@ class Train(serve.Serve):
             return "stopped by signal", 0
         gpus = args.num_gpus if args.num_gpus is not None else ray_head.detect_gpus()
         gpus = max(int(gpus), 1)
-
-        pre, _ = train_config.effective(user_cfg, ray_address=args.ray_address or "auto", gpus=gpus)
+        flash_attn = trainside.flash_attn_imports()
+        pre, _ = train_config.effective(user_cfg, ray_address=args.ray_address or "auto", gpus=gpus, flash_attn=flash_attn)
         preflight = self.run.root / "config.preflight.yaml"
         rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
         if args.ray_address:
             token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
             if not token:
                 raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
-            self._preflight_train(pre, str(preflight))
+            self._preflight_train(pre, str(preflight), flash_attn)
         else:
             with serve.HeadStarter(self, args.num_gpus) as starter:
-                self._preflight_train(pre, str(preflight))
+                self._preflight_train(pre, str(preflight), flash_attn)
             self.head = starter.result()
         if self._interrupted():
             return "stopped by signal", 0
@@ -101,7 +102,7 @@ class Train(serve.Serve):
                                    "pids": [p.pid for p in self.head.processes()]})  # fmt: skip
 
         self.phase("config")
-        cfg, changes = train_config.effective(user_cfg, ray_address=ray_address, gpus=gpus)
+        cfg, changes = train_config.effective(user_cfg, ray_address=ray_address, gpus=gpus, flash_attn=flash_attn)
         rundir.write_atomic(self.run.config, yaml.safe_dump(cfg, sort_keys=False))
         rundir.write_atomic(self.run.changes, json.dumps([c.__dict__ for c in changes], indent=2, default=str) + "\n")
         self.say(f"effective config {self.run.config} ({len(changes)} change(s)):")
@@ -163,12 +164,12 @@ class Train(serve.Serve):
         why = "no full batch arrived within the reader's max_read_timeout" if self.no_more_samples else "total_steps reached"
         return f"training finished after {len(self.steps_done)} step(s), latest checkpoint step {step} ({why})", 0
 
-    def _preflight_train(self, cfg: dict, config_path: str) -> None:
+    def _preflight_train(self, cfg: dict, config_path: str, flash_attn: bool) -> None:
         self.phase("preflight")
         if self.args.skip_doctor:
             self.say("preflight skipped (--skip-doctor)")
             return
-        from rftstack.doctor.checks import gpu, trainside
+        from rftstack.doctor.checks import gpu
         from rftstack.doctor.collect import collect
         from rftstack.findings import FAIL, render
 
@@ -176,6 +177,7 @@ class Train(serve.Serve):
         found = collect(config_path, skip=SKIP_FOR_TRAIN, progress=lambda m: self.say(f"  {m}"))
         self.say("  importing Trinity's verl trainer in a subprocess...")
         found += trainside.check_trainer_import(*trainside.trainer_import())
+        found += trainside.check_attention(train_config.attn_implementation(cfg), flash_attn)
         buf = serve_config.get(cfg, "buffer.trainer_input.experience_buffer") or {}
         db = Path(str(buf.get("path", "")).removeprefix("sqlite:///"))
         found += trainside.check_store(db, buf.get("name") or "experience_buffer", *trainside.store_tables(db, buf.get("name") or "experience_buffer"))

@@ -14,6 +14,12 @@ computes advantages in the trainer from the batch (no critic model, no groups). 
 them at /commit on the serve side per `task_id` group, and a group of one response has no
 advantage; PPO loads a critic (a second trainable model: memory).
 
+Attention: verl builds the model's HF config with `override_config.attn_implementation`, default
+"flash_attention_2" (verl/workers/config/model.py); flash-attn is not in the lock. Trinity's
+`build_verl_config` passes `trainer.trainer_config.actor_rollout_ref.model` (or the flat
+`trainer.trainer_config.model`) through to verl's `model`, which the actor and the reference model
+both read; so without flash-attn the effective config sets `sdpa` there (ATTN_KEY).
+
 Pure functions only: serve's shell (train.py) gathers the facts and passes them in.
 """
 
@@ -28,6 +34,8 @@ ALGORITHM = "reinforceplusplus"
 DEFAULT_TRAIN_BATCH_SIZE = 8
 DEFAULT_TOTAL_STEPS = 100
 DEFAULT_LORA_RANK = 16
+ATTN_KEY = "trainer.trainer_config.actor_rollout_ref.model.override_config.attn_implementation"
+ATTN_KEY_FLAT = "trainer.trainer_config.model.override_config.attn_implementation"  # Trinity reads both
 
 
 def store_path(cfg: dict) -> str:
@@ -39,9 +47,23 @@ def store_config(cfg: dict) -> dict:
     return {"name": "experience_buffer", "storage_type": "sql", "path": f"sqlite:///{store_path(cfg)}"}
 
 
-def effective(user: dict, *, ray_address: str, gpus: int = 1) -> tuple[dict, list[Change]]:
-    """The config `trinity run` gets for a train run, and what changed. Raises ConfigError for a
-    config that cannot pair with a serve."""
+def attn_implementation(cfg: dict) -> str | None:
+    """The attention the user asked verl's model for (trainer_config), or None (verl: flash_attention_2)."""
+    return get(cfg, ATTN_KEY) or get(cfg, ATTN_KEY_FLAT)
+
+
+def attention_change(cfg: dict, *, flash_attn: bool) -> tuple[str, str] | None:
+    """(key, value) the train config needs for the model's attention, or None: `sdpa` when
+    flash-attn does not import in the trainer's Python and the user did not choose."""
+    if flash_attn or attn_implementation(cfg) is not None:
+        return None
+    return ATTN_KEY, "sdpa"
+
+
+def effective(user: dict, *, ray_address: str, flash_attn: bool, gpus: int = 1) -> tuple[dict, list[Change]]:
+    """The config `trinity run` gets for a train run, and what changed. ``flash_attn``: whether
+    flash_attn imports in the Python that runs the trainer. Raises ConfigError for a config that
+    cannot pair with a serve."""
     if not isinstance(user, dict):
         raise ConfigError("the config file is not a YAML mapping; write it as `key: value` lines (see docs/train.md)")
     cfg = copy.deepcopy(user)
@@ -85,6 +107,9 @@ def effective(user: dict, *, ray_address: str, gpus: int = 1) -> tuple[dict, lis
         change("trainer.save_interval", 1, "the serve loads checkpoints: save one after every step")
     if get(cfg, "buffer.trainer_input.experience_buffer") is None:
         change("buffer.trainer_input.experience_buffer", store_config(cfg), "the serve's experience store (rftstack serve's default)")
+    attn = attention_change(cfg, flash_attn=flash_attn)
+    if attn:
+        change(*attn, "flash-attn does not import here and verl's default is flash_attention_2; PyTorch's sdpa needs nothing more")
     buf = get(cfg, "buffer.trainer_input.experience_buffer")
     if not isinstance(buf, dict) or str(buf.get("storage_type", "")).lower() != "sql":
         raise ConfigError(

@@ -5,6 +5,9 @@
   lock installs numpy 2.3).
 - ``experience-store``: the serve's SQLite store exists and holds the tables the trainer's SQL
   reader reads (``<name>`` with ``consumed``/``model_version``/``reward``, ``<name>_blob``).
+- ``attention``: a config that asks verl for ``flash_attention_2`` while flash_attn does not import
+  in the trainer's Python (the trainer would die loading the model; without the key rftstack train
+  sets ``sdpa``, train_config.attention_change).
 - ``gpu-memory``: an ESTIMATE of what the trainer needs against the GPU's free memory (the serve
   runs first and holds its share): full fine-tune with Adam under FSDP mixed precision keeps fp32
   weights, gradients and two Adam moments (16 bytes per parameter) plus a bf16 reference model
@@ -42,6 +45,25 @@ def trainer_import(python: str | None = None, timeout: float = 300) -> tuple[boo
             return True, "", json.loads(line[17:])
     tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
     return False, tail, {}
+
+
+def flash_attn_imports(python: str | None = None, timeout: float = 300) -> bool:
+    """Whether flash_attn imports in the trainer's Python (a subprocess: a wheel built for another
+    torch fails at import, not at lookup)."""
+    out = subprocess.run([python or sys.executable, "-c", "import flash_attn"], capture_output=True, text=True, timeout=timeout)
+    return out.returncode == 0
+
+
+def check_attention(asked: str | None, flash_attn: bool) -> list[Finding]:
+    """``asked``: the train config's attn_implementation for verl's model (None: unset)."""
+    if asked == "flash_attention_2" and not flash_attn:
+        return [Finding("train.attention", FAIL, "The train config asks verl for attn_implementation flash_attention_2, but flash_attn does not "
+                        "import in the trainer's Python, so the trainer dies loading the model.",
+                        "Set trainer.trainer_config.actor_rollout_ref.model.override_config.attn_implementation to sdpa (or remove it: "
+                        "rftstack train then sets sdpa), or install a flash-attn built for this torch.")]  # fmt: skip
+    how = asked or ("flash_attention_2 (verl's default)" if flash_attn else "sdpa (set by rftstack train)")
+    return [Finding("train.attention", OK, f"The trainer's model uses attention {how}; flash_attn {'imports' if flash_attn else 'is not installed'}.", "",
+                    {"attn_implementation": asked, "flash_attn": flash_attn})]  # fmt: skip
 
 
 def check_trainer_import(ok: bool, error: str, versions: dict) -> list[Finding]:
