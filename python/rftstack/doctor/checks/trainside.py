@@ -3,6 +3,8 @@
 - ``trainer-import``: Trinity's verl trainer (trinity.trainer.verl.trainer: verl, torch, ray,
   transformers) imports in a subprocess with the installed numpy (verl 0.8.0 declares numpy<2, the
   lock installs numpy 2.3).
+  The same probe runs verl's ``unpad_input``, which Trinity's trainer calls on every batch whatever
+  ``use_remove_padding`` says and which imports ``flash_attn.bert_padding`` on CUDA (``train.unpad``).
 - ``experience-store``: the serve's SQLite store exists and holds the tables the trainer's SQL
   reader reads (``<name>`` with ``consumed``/``model_version``/``reward``, ``<name>_blob``).
 - ``attention``: a config that asks verl for ``flash_attention_2`` while flash_attn does not import
@@ -33,7 +35,13 @@ OVERHEAD_MIB = 3072  # CUDA context, NCCL, activations of a small micro-batch (e
 PROBE = (
     "import json, numpy, importlib.metadata as md\n"
     "import trinity.trainer.verl.trainer  # verl, torch, ray, transformers\n"
-    "print('RFTSTACK-TRAINER ' + json.dumps({'numpy': numpy.__version__, 'verl': md.version('verl')}))\n"
+    "import torch\n"
+    "from verl.utils.attention_utils import unpad_input  # Trinity's left_right_2_no_padding, every step\n"
+    "try:\n"
+    "    unpad_input(torch.ones(1, 2, 1), torch.ones(1, 2, dtype=torch.int32)); unpad = ''\n"
+    "except ImportError as e:\n"
+    "    unpad = f'{type(e).__name__}: {e}'\n"
+    "print('RFTSTACK-TRAINER ' + json.dumps({'numpy': numpy.__version__, 'verl': md.version('verl'), 'unpad_error': unpad}))\n"
 )
 
 
@@ -67,10 +75,15 @@ def check_attention(asked: str | None, flash_attn: bool) -> list[Finding]:
 
 
 def check_trainer_import(ok: bool, error: str, versions: dict) -> list[Finding]:
-    if ok:
-        return [Finding("train.trainer_import", OK, f"Trinity's verl trainer imports (verl {versions.get('verl')}, numpy {versions.get('numpy')}).", "", versions)]
-    return [Finding("train.trainer_import", FAIL, f"Trinity's verl trainer (trinity.trainer.verl.trainer) does not import: {error}",
-                    "Run `rftstack doctor` and reinstall from the lock (`uv sync --locked && rftstack relax`).")]
+    if not ok:
+        return [Finding("train.trainer_import", FAIL, f"Trinity's verl trainer (trinity.trainer.verl.trainer) does not import: {error}",
+                        "Run `rftstack doctor` and reinstall from the lock (`uv sync --locked && rftstack relax`).")]
+    found = [Finding("train.trainer_import", OK, f"Trinity's verl trainer imports (verl {versions.get('verl')}, numpy {versions.get('numpy')}).", "", versions)]
+    if versions.get("unpad_error"):
+        found.append(Finding("train.unpad", FAIL, "Trinity's trainer unpads every batch with verl.utils.attention_utils.unpad_input, which "
+                             f"imports flash_attn.bert_padding off Ascend NPUs ({versions['unpad_error']}), so the first training step fails.",
+                             "Install a flash-attn built for this torch; no setting of Trinity or verl avoids this import.", versions))  # fmt: skip
+    return found
 
 
 def store_tables(db: Path, name: str) -> tuple[bool, list[str]]:
