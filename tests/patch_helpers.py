@@ -73,3 +73,27 @@ def add_trinity_proxy(site: Path) -> Path:
     """Trinity's real (unpatched) files under ``site``; the path of its proxy app.py."""
     add_trinity(site)
     return site / "trinity/explorer/proxy/app.py"
+
+
+VERL_REL = "verl/utils/attention_utils.py"
+
+
+def add_verl(site: Path) -> Path:
+    """The installed verl's attention_utils.py (un-patched) with verl's dist-info (METADATA and a
+    RECORD naming that file): enough for rftstack's patch machinery."""
+    import verl
+
+    real_site = Path(verl.__file__).parents[1]
+    text = (real_site / VERL_REL).read_text()
+    (p,) = [p for p in policy.load().patches if p.dist == "verl"]
+    for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
+        back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+        if "rftstack patch" in text:
+            text = patches.apply_text(text, back)[0]
+    (site / VERL_REL).parent.mkdir(parents=True, exist_ok=True)
+    (site / VERL_REL).write_text(text)
+    real_info = next(real_site.glob("verl-*.dist-info"))
+    (site / real_info.name).mkdir()
+    shutil.copy(real_info / "METADATA", site / real_info.name / "METADATA")
+    (site / real_info.name / "RECORD").write_text(f"{VERL_REL},,\n")
+    return site

@@ -83,6 +83,7 @@ in
           "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-api-key.patch" ];
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
+      verl = { version = "0.8.0"; files = [ "verl-unpad-without-flash-attn.patch" ]; };
     };
   };
   testPatchCommand = {
@@ -124,9 +125,9 @@ in
         torchPatched = has "patches.py' \"[$]out/lib/site\" --policy '[^']*policy.toml' --patches '[^']*rftstack-patches' --dist 'torch'" out.torch.postInstall;
         torchNotEdited = !(has "dist-info-edit" out.torch.postInstall);
         verlEdited = has "dist-info-edit.sh 'py' \"[$]out/lib/site\" 'verl' '0.8.0' --replace 'numpy<2.0.0'" out.verl.postInstall;
-        verlNotPatched = !(has "patches.py" out.verl.postInstall);
+        verlPatched = has "patches.py' \"[$]out/lib/site\" --policy '[^']*policy.toml' --patches '[^']*rftstack-patches' --dist 'verl'" out.verl.postInstall;
       };
-      expected = { dists = [ "torch" "trinity-rft" "uvicorn" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlNotPatched = true; };
+      expected = { dists = [ "torch" "trinity-rft" "uvicorn" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlPatched = true; };
     };
   testQuoting = { expr = policyLib.q "it's"; expected = "'it'\\''s'"; };
   testGlobToEre = { expr = policyLib.globToEre "nvidia-*-cu12"; expected = "nvidia-[A-Za-z0-9._-]*-cu12"; };

@@ -60,6 +60,15 @@ def test_doctor_fails_an_explicit_flash_attention_2_without_flash_attn():
     assert "sdpa (set by rftstack train)" in trainside.check_attention(None, flash_attn=False)[0].message
 
 
+def test_doctor_fails_an_unpad_that_needs_flash_attn():
+    versions = {"verl": "0.8.0", "numpy": "2.3.5", "unpad_error": "ModuleNotFoundError: No module named 'flash_attn'"}
+    ok, unpad = trainside.check_trainer_import(True, "", versions)
+    assert ok.status == OK and unpad.status == FAIL and unpad.check == "train.unpad"
+    assert "(ModuleNotFoundError: No module named 'flash_attn'), so the first training step fails." in unpad.message
+    assert unpad.fix.startswith("Run `rftstack relax`")
+    assert [f.check for f in trainside.check_trainer_import(True, "", {**versions, "unpad_error": ""})] == ["train.trainer_import"]
+
+
 def test_flash_attn_is_not_in_this_environment():
     """The lock has no flash-attn; when it gains one, the default above changes meaning."""
     assert trainside.flash_attn_imports() is False
@@ -106,3 +115,75 @@ def test_verl_builds_and_loads_the_model_with_sdpa(tmp_path, tiny_model, flash_a
     else:
         assert got["model_override"] == {"attn_implementation": "sdpa"}
         assert got["hf_attn"] == got["loaded"] == "sdpa"
+
+
+UNPAD = r"""
+import json, sys, types
+import torch
+from tensordict import TensorDict
+from trinity.trainer.verl.monkey_patch import left_right_2_no_padding
+import verl.utils.attention_utils as au
+sys.path.insert(0, sys.argv[1])
+from rftstack.stack import patches
+out = {}
+# as published: the module's text with the policy patch reversed, in a fresh module
+text = open(au.__file__).read()
+for fp in patches.parse((patches.patches_dir() / "verl-unpad-without-flash-attn.patch").read_text()):
+    back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+    published = patches.apply_text(text, back)[0] if "rftstack patch" in text else text
+pub = types.ModuleType("published_attention_utils")
+exec(compile(published, "published_attention_utils.py", "exec"), pub.__dict__)
+try:
+    pub.unpad_input(torch.ones(1, 2, 1), torch.ones(1, 2, dtype=torch.int32))
+    out["published"] = "ok"
+except ImportError as e:
+    out["published"] = f"{type(e).__name__}: {e}"
+out["patched_text"] = "rftstack patch" in text
+# installed (patched): Trinity's trainer step's unpadding on a left-right padded batch
+mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+ids = torch.tensor([[0, 11, 12, 13, 0], [21, 22, 23, 24, 25]])
+td = TensorDict({"input_ids": ids, "attention_mask": mask, "response_mask": mask[:, 3:], "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+                batch_size=[2])
+td = left_right_2_no_padding(td)
+out["tokens"] = [t.tolist() for t in td["input_ids"].unbind()]
+out["positions"] = [t.tolist() for t in td["position_ids"].unbind()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_trinity_unpads_a_batch_without_flash_attn():
+    """Guards upstream behaviour: Trinity's trainer calls left_right_2_no_padding on every batch;
+    verl's unpad_input as published needs flash_attn (fails here), with
+    patches/verl-unpad-without-flash-attn.patch (applied by `rftstack relax`) it uses verl's
+    pure-torch copy and the batch unpads to the tokens the mask keeps."""
+    from helpers import PYTHON_DIR
+
+    out = run_python(UNPAD, str(PYTHON_DIR), timeout=300)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    got = json.loads(lines[0][7:])
+    assert got["published"] == "ModuleNotFoundError: No module named 'flash_attn'"
+    assert got["patched_text"] is True, "run `rftstack relax`"
+    assert got["tokens"] == [[11, 12, 13], [21, 22, 23, 24, 25]]
+    assert got["positions"] == [[0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+CRITIC = r"""
+import inspect, json
+from trinity.algorithm import ALGORITHM_TYPE
+from trinity.trainer.verl.monkey_patch import load_valuehead_model
+src = inspect.getsource(load_valuehead_model)
+print("RESULT " + json.dumps({"hard_coded": src.count('attn_implementation="flash_attention_2"'),
+      "critic": {a: ALGORITHM_TYPE.get(a).use_critic for a in ("reinforceplusplus", "ppo")}}))
+"""
+
+
+def test_only_a_critic_hard_codes_flash_attention_2():
+    """Guards upstream behaviour: Trinity's value-model loader (the critic's) passes
+    flash_attention_2 itself, which no config reaches; the train configs' algorithm has no critic."""
+    out = run_python(CRITIC, timeout=300)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    got = json.loads(lines[0][7:])
+    assert got["hard_coded"] == 4 and got["critic"] == {"reinforceplusplus": False, "ppo": True}
+    assert train_config.ALGORITHM == "reinforceplusplus"

@@ -13,7 +13,7 @@ import uvicorn_helpers
 from rftstack.stack import patches
 from rftstack.stack import policy
 
-from patch_helpers import add_trinity, trinity_patches
+from patch_helpers import add_trinity, add_verl, trinity_patches
 
 TORCH = Path(torch.__file__).parent
 SITE = TORCH.parent
@@ -39,6 +39,7 @@ def site(tmp_path):
     (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
     add_trinity(tmp_path)
     uvicorn_helpers.add_uvicorn(tmp_path)
+    add_verl(tmp_path)
     return tmp_path
 
 
@@ -130,6 +131,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         f"torch-tcpstore-loopback.patch: {REL}: applied",
+        "verl-unpad-without-flash-attn.patch: verl/utils/attention_utils.py: applied",
         "trinity-proxy-store-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-stream-record.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",

@@ -58,7 +58,8 @@ def site(tmp_path, published_wheels) -> Path:
             if whl.name.startswith("trinity_rft-"):  # the policy patches trinity's files: unpack them all
                 z.extractall(site)
             else:
-                z.extractall(site, [n for n in z.namelist() if ".dist-info/" in n.split("/", 1)[0] + "/"])
+                z.extractall(site, [n for n in z.namelist() if ".dist-info/" in n.split("/", 1)[0] + "/"
+                                    or n == "verl/utils/attention_utils.py"])  # the policy patches that file  # fmt: skip
     uvicorn_helpers.add_uvicorn(site)  # the policy patches uvicorn's httptools protocol too
     return site
 

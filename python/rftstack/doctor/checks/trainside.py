@@ -4,7 +4,8 @@
   transformers) imports in a subprocess with the installed numpy (verl 0.8.0 declares numpy<2, the
   lock installs numpy 2.3).
   The same probe runs verl's ``unpad_input``, which Trinity's trainer calls on every batch whatever
-  ``use_remove_padding`` says and which imports ``flash_attn.bert_padding`` on CUDA (``train.unpad``).
+  ``use_remove_padding`` says and which imports ``flash_attn.bert_padding`` unless verl is patched
+  (patches/verl-unpad-without-flash-attn.patch) (``train.unpad``).
 - ``experience-store``: the serve's SQLite store exists and holds the tables the trainer's SQL
   reader reads (``<name>`` with ``consumed``/``model_version``/``reward``, ``<name>_blob``).
 - ``attention``: a config that asks verl for ``flash_attention_2`` while flash_attn does not import
@@ -82,7 +83,7 @@ def check_trainer_import(ok: bool, error: str, versions: dict) -> list[Finding]:
     if versions.get("unpad_error"):
         found.append(Finding("train.unpad", FAIL, "Trinity's trainer unpads every batch with verl.utils.attention_utils.unpad_input, which "
                              f"imports flash_attn.bert_padding off Ascend NPUs ({versions['unpad_error']}), so the first training step fails.",
-                             "Install a flash-attn built for this torch; no setting of Trinity or verl avoids this import.", versions))  # fmt: skip
+                             "Run `rftstack relax` (patches/verl-unpad-without-flash-attn.patch), or install a flash-attn built for this torch.", versions))  # fmt: skip
     return found
 
 
