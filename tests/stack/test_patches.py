@@ -13,7 +13,7 @@ import uvicorn_helpers
 from rftstack.stack import patches
 from rftstack.stack import policy
 
-from patch_helpers import add_trinity, trinity_patches
+from patch_helpers import add_trinity
 
 TORCH = Path(torch.__file__).parent
 SITE = TORCH.parent
