@@ -217,6 +217,16 @@ def test_train_two_steps_and_serve_follows_without_failed_requests(loop):
     assert loop.versions_seen[:1] != [2] and 1 in loop.versions_seen and loop.versions_seen[-1] == 2
 
 
+def test_trainer_attention_follows_flash_attn(loop):
+    """Without flash-attn on the host, the train run's changes.json sets verl's model to sdpa."""
+    from rftstack.doctor.checks import trainside
+    from rftstack.run import train_config
+
+    changes = json.loads((loop.tmp / "train-run" / "changes.json").read_text())
+    attn = [c["new"] for c in changes if c["key"] == train_config.ATTN_KEY]
+    assert attn == ([] if trainside.flash_attn_imports() else ["sdpa"]), changes
+
+
 def test_greedy_output_changed_at_each_reload(loop):
     assert set(loop.greedy) == {0, 1, 2}
     assert loop.greedy[1] != loop.greedy[0]
