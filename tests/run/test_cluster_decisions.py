@@ -6,7 +6,8 @@ import socket
 import pytest
 
 from rftstack.doctor.checks import cluster
-from rftstack.run import cluster_net, ray_head, ray_worker
+from rftstack.doctor import cluster_net
+from rftstack.run import ray_head, ray_worker
 from rftstack.findings import FAIL, OK, WARN
 
 from helpers import run_cli

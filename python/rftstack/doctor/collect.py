@@ -179,7 +179,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         listen_is_default=not config_check.is_set(raw or {}, "explorer.listen_address")))
     run("ray", lambda: ray_cluster.check(ray_address, ray_source, ray_ok[0], ray_ok[1]))
     if cluster_address is not None:
-        from rftstack.run import ray_head
+        from rftstack.doctor import cluster_net
         from rftstack.doctor.checks import cluster
 
         def cluster_findings():
@@ -191,7 +191,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                     value = config_check.get(raw, key, None)
                     if isinstance(value, str) and value:
                         paths[name] = str(Path(value).absolute())
-            nodes, why = cluster.report(cluster_address, {**env, **ray_head.client_env(cluster_address, token)}, paths)
+            nodes, why = cluster.report(cluster_address, {**env, **cluster_net.client_env(cluster_address, token)}, paths)
             return cluster.check(cluster_address, nodes, why, ray_token_path, paths)
 
         run("cluster", cluster_findings)

@@ -28,7 +28,6 @@ process of the user, other heads included).
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import os
 import secrets
@@ -44,6 +43,7 @@ from pathlib import Path
 from rftstack.doctor.netstat import free_ports
 from rftstack.run import supervisor
 from rftstack.errors import UserError
+from rftstack.doctor.cluster_net import client_env, is_loopback_host  # noqa: F401 - re-exported: callers reach a head through run.ray_head
 
 LOOPBACK = "127.0.0.1"
 PORT_NAMES = (
@@ -79,32 +79,6 @@ def detect_gpus() -> int:
         except (OSError, subprocess.TimeoutExpired):
             lines = []
     return gpu_count(os.environ.get("CUDA_VISIBLE_DEVICES"), lines)
-
-
-def is_loopback_host(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def client_env(address: str, token_path: str, tls: dict | None = None) -> dict[str, str]:
-    """What a process needs to reach this head: its address, the token, Ray's loopback mode for a
-    loopback head (cluster mode for a head on a private address) and the TLS files if any."""
-    loopback = is_loopback_host(address.split("://", 1)[-1].rpartition(":")[0])
-    return {
-        **(tls or {}),
-        "RAY_ADDRESS": address,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": token_path,
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0" if loopback else "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        # Ray's `uv run` hook: a driver started under `uv run` (as in `uv run rftstack serve`) would
-        # upload its working directory (the run directory, whose `ray` link leads into Ray's own temp
-        # dir) as a runtime-env package; it grew without bound (65 GB in minutes) and killed the GCS.
-        # The environment is already the locked one on this machine: nothing needs uploading.
-        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-    }
 
 
 def node_env(address: str, token_path: str, tag: str, tls: dict | None = None) -> dict[str, str]:
@@ -412,7 +386,7 @@ def configure(parser) -> None:
 
 
 def tls_from_args(args) -> dict[str, str]:
-    from rftstack.run import cluster_net
+    from rftstack.doctor import cluster_net
 
     env, problem = cluster_net.tls_env(args.tls_cert, args.tls_key, args.tls_ca)
     if problem:
@@ -422,7 +396,7 @@ def tls_from_args(args) -> dict[str, str]:
 
 def listen_address(args) -> str:
     """The head's node address: loopback, or ``--listen`` once it passed the checks."""
-    from rftstack.run import cluster_net
+    from rftstack.doctor import cluster_net
 
     if args.listen is None:
         return LOOPBACK
@@ -433,7 +407,7 @@ def listen_address(args) -> str:
 
 
 def _is_local(addr: str) -> bool:
-    from rftstack.run import cluster_net
+    from rftstack.doctor import cluster_net
 
     try:
         return cluster_net.is_local_address(addr)

@@ -19,7 +19,8 @@ import time
 import uuid
 from pathlib import Path
 
-from rftstack.run import cluster_net, ray_head, supervisor
+from rftstack.doctor import cluster_net
+from rftstack.run import ray_head, supervisor
 from rftstack.errors import UserError
 
 # the head's ports are its own; a worker runs only these servers

@@ -161,7 +161,7 @@ def paths_findings(nodes: list[dict], paths: dict[str, str]) -> list[Finding]:
 
 
 def token_finding(token_path: str | None) -> Finding:
-    from rftstack.run import cluster_net
+    from rftstack.doctor import cluster_net
 
     problem = cluster_net.token_problem(Path(token_path) if token_path else None)
     if problem:

@@ -100,3 +100,29 @@ def tls_env(cert: Path | None, key: Path | None, ca: Path | None) -> tuple[dict[
             return {}, f"--tls-{k} {v} is not a readable file; give the PEM file of this node"
     env = {TLS_VARS[k]: str(Path(v).absolute()) for k, v in given.items()}
     return {"RAY_USE_TLS": "1", **env}, None
+
+
+def is_loopback_host(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def client_env(address: str, token_path: str, tls: dict | None = None) -> dict[str, str]:
+    """What a process needs to reach this head: its address, the token, Ray's loopback mode for a
+    loopback head (cluster mode for a head on a private address) and the TLS files if any."""
+    loopback = is_loopback_host(address.split("://", 1)[-1].rpartition(":")[0])
+    return {
+        **(tls or {}),
+        "RAY_ADDRESS": address,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": token_path,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0" if loopback else "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray's `uv run` hook: a driver started under `uv run` (as in `uv run rftstack serve`) would
+        # upload its working directory (the run directory, whose `ray` link leads into Ray's own temp
+        # dir) as a runtime-env package; it grew without bound (65 GB in minutes) and killed the GCS.
+        # The environment is already the locked one on this machine: nothing needs uploading.
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    }
