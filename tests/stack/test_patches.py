@@ -134,6 +134,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-recorder-group-commit.patch: trinity/explorer/proxy/recorder.py: applied",
+        "trinity-proxy-fast-forward.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
