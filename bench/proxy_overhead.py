@@ -121,6 +121,7 @@ def free_port() -> int:
 
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process)."""
+    os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when app.py is imported
     import uvicorn
 
     from trinity.explorer.proxy import app as proxy_app
@@ -131,7 +132,6 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     group_commit = group_commit_setting(variant)
     if group_commit is not None:
         os.environ[GROUP_COMMIT_VAR] = group_commit  # read when HistoryRecorder is made
-    os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when the app starts
 
     class ServiceStandIn:
         """What app.py calls on the service; the Explorer (engines on a GPU, Ray) is not here."""

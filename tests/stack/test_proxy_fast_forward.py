@@ -167,3 +167,9 @@ def test_fast_unreachable_upstream_is_a_502_as_upstream(monkeypatch, tmp_path):
         assert px.rows() == []
     finally:
         px.stop()
+
+
+def test_a_bad_switch_value_stops_the_proxy_with_a_sentence(monkeypatch, tmp_path, upstream):
+    with pytest.raises(RuntimeError, match="the proxy exited") as e:
+        proxy(monkeypatch, tmp_path, upstream.base_url, "yes")
+    assert f"{VAR} must be 1" in str(e.value)
