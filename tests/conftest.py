@@ -39,7 +39,7 @@ def session_head(tmp_path_factory):
 def serve_runner(tmp_path):
     runs: list[ServeRun] = []
 
-    def start(args: list[str], fake: str = "", **env_extra) -> ServeRun:
+    def start(args: list[str], fake: str = "", command: str = "serve", prefix: list[str] = (), **env_extra) -> ServeRun:
         env = rftstack_env(
             RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}",
             FAKE_TRINITY=fake,
@@ -47,7 +47,7 @@ def serve_runner(tmp_path):
             XDG_CACHE_HOME=str(tmp_path / "cache"),
             **env_extra,
         )
-        run = ServeRun(args, env, tmp_path, tmp_path / f"run{len(runs)}")
+        run = ServeRun(args, env, tmp_path, tmp_path / f"run{len(runs)}", command=command, prefix=prefix)
         runs.append(run)
         return run
 

@@ -56,9 +56,9 @@ def rftstack_env(**extra) -> dict:
 
 
 class ServeRun:
-    """`python -m rftstack serve ... --json` as a real child process."""
+    """`python -m rftstack serve ... --json` (or ``command``, e.g. train) as a real child process."""
 
-    def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path):
+    def __init__(self, args: list[str], env: dict, cwd: Path, run_dir: Path, command: str = "serve", prefix: list[str] = ()):
         self.run_dir = run_dir
         # stderr (progress lines) goes to a file: a pipe nobody reads would block a long serve
         self.stderr_path = run_dir.parent / f"{run_dir.name}.stderr"
@@ -66,7 +66,7 @@ class ServeRun:
         if os.environ.get("RFTSTACK_TEST_SKIP_DOCTOR") == "1" and "--skip-doctor" not in args:
             args = [*args, "--skip-doctor"]  # named knob: a host whose doctor FAILs for reasons recorded elsewhere
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rftstack", "serve", "--json", "--run-dir", str(run_dir), *args],
+            [*prefix, sys.executable, "-m", "rftstack", command, "--json", "--run-dir", str(run_dir), *args],
             env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._stderr_file, text=True,
         )  # fmt: skip
         self.events: list[dict] = []

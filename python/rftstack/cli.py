@@ -17,7 +17,9 @@ from rftstack.errors import UserError
 # name -> (module, one-line summary). Summaries live here so `rftstack --help` imports nothing.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("rftstack.run.serve", "preflight, a loopback Ray head, then Trinity serve mode, supervised"),
-    "ray-head": ("rftstack.run.ray_head", "start/stop a Ray head bound to loopback with token auth"),
+    "train": ("rftstack.run.train", "preflight, a loopback Ray head, then Trinity train mode (verl) on a serve's experiences, supervised"),
+    "ray-head": ("rftstack.run.ray_head", "start/stop a Ray head with token auth, on loopback or (--listen) a private address"),
+    "ray-worker": ("rftstack.run.ray_worker", "start/stop a Ray worker node that joins a head with its token"),
     "doctor": ("rftstack.doctor.collect", "find every known way this stack breaks on this machine, in seconds"),
     "env": ("rftstack.stack.env_report", "report the installed stack against the lock and the policy"),
     "flavour": ("rftstack.bundle.flavour", "turn a synced environment into the CUDA 12 flavour (driver 570) from the policy and the lock"),

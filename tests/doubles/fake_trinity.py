@@ -13,8 +13,20 @@ serves /health and /v1/models on it, and behaves as FAKE_TRINITY (comma-separate
   engine_child          as Trinity does, create a Ray actor whose child process is titled
                         `VLLM::EngineCore` (setproctitle, as vLLM titles its engine); its pid goes
                         to $FAKE_TRINITY_PIDS as "engine"
+  engine_gpu            engine_child, with the actor asking Ray for one GPU as a vLLM engine
+                        does (a resource count: a CPU node advertising --num-gpus 1 takes it);
+                        the address of the node it ran on goes to $FAKE_TRINITY_PIDS as "engine_node"
 
 It writes its pid and its grandchildren's pids to $FAKE_TRINITY_PIDS (a file) when set.
+
+With `mode: train` (rftstack train) it stands in for Trinity's verl trainer instead: each "step"
+logs `Training at step N finished.` and writes a checkpoint the way the trainer does
+(`<job dir>/global_step_N/actor/`, `.full_checkpoint`, then `latest_state_dict_iteration.txt`),
+$FAKE_TRAIN_STEPS steps (default 2) half a second apart, then `Trainer finished.` and exit 0.
+FAKE_TRINITY modes for train: `train_error` (step 2 logs `Error in Trainer:` and a traceback,
+then the trainer exits 0, as Trinity's does), `train_forever` (steps until SIGINT), and
+`train_no_more` (after its steps, logs Trinity's `No more samples to train. Stopping training.`,
+what the SQL reader's max_read_timeout ends in), `ignore_sigint`, `exit_at_start` as above.
 """
 
 import http.server
@@ -32,13 +44,13 @@ import yaml
 ENGINE = None  # the actor handle: the actor (and its titled child) lives as long as the double
 
 
-def start_engine_child(ray_address: str) -> int:
+def start_engine_child(ray_address: str, num_gpus: int = 0) -> tuple[int, str]:
     global ENGINE
     import ray
 
     ray.init(address=ray_address, log_to_driver=False)
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(num_cpus=0, num_gpus=num_gpus)
     class Engine:
         def start(self) -> int:
             title = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(600)"
@@ -49,14 +61,54 @@ def start_engine_child(ray_address: str) -> int:
                 time.sleep(0.05)
             return self.proc.pid
 
+        def node(self) -> str:
+            return ray.util.get_node_ip_address()
+
     ENGINE = Engine.remote()
-    return ray.get(ENGINE.start.remote())
+    return ray.get(ENGINE.start.remote()), ray.get(ENGINE.node.remote())
+
+
+def train_main(cfg: dict, modes: set) -> int:
+    job = os.path.join(cfg["checkpoint_root_dir"], cfg.get("project") or "Trinity-RFT", cfg.get("group") or "", cfg.get("name") or "rft")
+    print(f"fake trinity: mode=train job={job} modes={sorted(modes)}", flush=True)
+    if "ignore_sigint" in modes:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get("FAKE_TRINITY_PIDS"):
+        with open(os.environ["FAKE_TRINITY_PIDS"], "w") as f:
+            json.dump({"trinity": os.getpid(), "grandchildren": []}, f)
+    if "exit_at_start" in modes:
+        print("fake trinity: Traceback (most recent call last): simulated start-up failure", flush=True)
+        return 4
+    steps = int(os.environ.get("FAKE_TRAIN_STEPS", "2"))
+    step = 0
+    try:
+        while "train_forever" in modes or step < steps:
+            step += 1
+            time.sleep(0.5)
+            if "train_error" in modes and step == 2:
+                print("fake trinity: Error in Trainer:\nTraceback (most recent call last):\nRuntimeError: simulated step failure", flush=True)
+                break
+            actor = os.path.join(job, f"global_step_{step}", "actor")
+            os.makedirs(actor, exist_ok=True)
+            open(os.path.join(job, f"global_step_{step}", ".full_checkpoint"), "w").close()
+            with open(os.path.join(job, "latest_state_dict_iteration.txt"), "w") as f:
+                f.write(str(step))
+            print(f"fake trinity: Training at step {step} finished.", flush=True)
+    except KeyboardInterrupt:
+        print("fake trinity: SIGINT, shutting down", flush=True)
+        return 0
+    if "train_no_more" in modes:
+        print("fake trinity: No more samples to train. Stopping training.", flush=True)
+    print("fake trinity: > Trainer finished.", flush=True)
+    return 0
 
 
 def main() -> int:
     assert sys.argv[1:3] == ["run", "--config"], sys.argv
     cfg = yaml.safe_load(open(sys.argv[3]))
     modes = set(filter(None, os.environ.get("FAKE_TRINITY", "").split(",")))
+    if cfg.get("mode") == "train":
+        return train_main(cfg, modes)
     host = cfg["explorer"]["listen_address"]
     port = int(cfg["explorer"]["proxy_port"])
     print(f"fake trinity: mode={cfg['mode']} listen={host}:{port} modes={sorted(modes)}", flush=True)
@@ -70,8 +122,8 @@ def main() -> int:
         a = subprocess.Popen(["sleep", "600"])
         b = subprocess.Popen(["sleep", "600"], start_new_session=True)
         pids["grandchildren"] = [a.pid, b.pid]
-    if "engine_child" in modes:
-        pids["engine"] = start_engine_child(cfg["cluster"]["ray_address"])
+    if "engine_child" in modes or "engine_gpu" in modes:
+        pids["engine"], pids["engine_node"] = start_engine_child(cfg["cluster"]["ray_address"], 1 if "engine_gpu" in modes else 0)
     if os.environ.get("FAKE_TRINITY_PIDS"):
         with open(os.environ["FAKE_TRINITY_PIDS"], "w") as f:
             json.dump(pids, f)

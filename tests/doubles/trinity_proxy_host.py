@@ -71,11 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         """The attributes app.py and ExplorerService's methods use; the methods are Trinity's own."""
 
         record_feedback = ExplorerService.record_feedback
+        # the policy's commit-marks patch: ExplorerService.serve() queues rows a dead process
+        # rewarded but never committed; absent from unpatched Trinity
+        restore_uncommitted = getattr(ExplorerService, "restore_uncommitted", None)
         submit_experiences = ExplorerService.submit_experiences
         collect_metrics = ExplorerService.collect_metrics
         _record = ExplorerService.record_experience
 
         def __init__(self) -> None:
+            import logging
+
+            self.logger = logging.getLogger("trinity_proxy_host")
             self.explorer = ExplorerStandIn()
             self.models = []
             self.total_experience_count = 0
@@ -102,11 +108,18 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             print(f"RECORD done {rid}", file=sys.stderr, flush=True)
 
-    proxy_app.app.state.service = Service()
+    service = Service()
+    proxy_app.app.state.service = service
     proxy_app.app.state.temperature = 0.0
     proxy_app.app.state.inference_timeout = 60
+
+    async def serve() -> None:  # as ExplorerService.serve() then Trinity's run_app do it
+        if service.restore_uncommitted is not None:
+            print(f"RESTORED {await service.restore_uncommitted()}", file=sys.stderr, flush=True)
+        await proxy_app.serve_http(proxy_app.app, "127.0.0.1", a.port)
+
     try:
-        asyncio.run(proxy_app.serve_http(proxy_app.app, "127.0.0.1", a.port))  # as Trinity's run_app calls it
+        asyncio.run(serve())
     except KeyboardInterrupt:
         pass
     return 0

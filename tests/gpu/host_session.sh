@@ -8,6 +8,7 @@
 # collect $LOGS. Never stop it with `pkill -f host_session.sh` from a remote shell whose own command
 # line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
 #   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve (issue 6)
+#   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
 #   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL (8)
 #   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
 #   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve (7)
@@ -56,6 +57,7 @@ for step in "${steps[@]}"; do
     t0=$(date +%s)
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
+        train) pytest_gpu train test_train_loop_gpu.py ;;
         rel) pytest_gpu rel test_reliability_gpu.py ;;
         kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
         tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;
@@ -68,6 +70,7 @@ for step in "${steps[@]}"; do
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
+        expose) pytest_gpu expose test_expose_gpu.py ;;
         gap) wait; python3 bench/silent_gap.py --out "$LOGS/gap" --ready-url http://127.0.0.1:8123/v1/models --timeout 400 \
                  -- vllm serve /tmp/bench/tiny --host 127.0.0.1 --port 8123 --gpu-memory-utilization 0.6 ;;
         gap-trinity) wait; python3 -m rftstack example-config /tmp/bench/tiny -o /tmp/gap-trinity.yaml

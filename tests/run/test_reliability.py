@@ -142,7 +142,7 @@ def test_expose_prints_who_can_reach_it():
     cfg, _ = serve_config.effective({"mode": "serve", "model": {"model_path": "/m"}}, run_dir="/r", ray_address="a", proxy_port=8123, expose=True)
     assert serve_config.warnings(cfg, expose=True)[-1] == (
         "--expose: the proxy listens on 0.0.0.0:8123; anyone who can reach this machine on that port can "
-        "generate with the model and write training data (/feedback, /commit); there is no authentication"
+        "generate with the model and write training data (/feedback, /commit) if it has the API key"
     )
     cfg, changes = serve_config.effective({"mode": "serve", "model": {"model_path": "/m"}, "explorer": {"listen_address": "0.0.0.0"}},
                                           run_dir="/r", ray_address="a", proxy_port=8123)  # fmt: skip

@@ -1,8 +1,10 @@
 """The effective config and environment (pure), and real trinity loading the effective config."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -29,6 +31,7 @@ def test_report_config_changes():
     keys = {c.key for c in changes}
     assert cfg["explorer"]["listen_address"] == "127.0.0.1"
     assert cfg["explorer"]["min_running_model_num"] == 0
+    assert cfg["explorer"]["service_status_check_interval"] == 2
     assert cfg["synchronizer"]["sync_method"] == "checkpoint"
     assert cfg["cluster"]["ray_address"] == "127.0.0.1:6000"
     assert cfg["model"]["max_model_len"] == 32768
@@ -36,7 +39,7 @@ def test_report_config_changes():
     buf = cfg["buffer"]["trainer_input"]["experience_buffer"]
     assert buf["storage_type"] == "sql"
     assert buf["path"] == "sqlite:////runs/r1/checkpoints/Trinity-RFT/rft/buffer/experience_buffer.db"
-    assert {"explorer.listen_address", "explorer.min_running_model_num", "synchronizer.sync_method"} <= keys
+    assert {"explorer.listen_address", "explorer.min_running_model_num", "explorer.service_status_check_interval", "synchronizer.sync_method"} <= keys
     assert all(c.why for c in changes)
     assert report()["synchronizer"]["sync_method"] == "nccl"  # the input is not modified
 
@@ -44,11 +47,14 @@ def test_report_config_changes():
 def test_explicit_user_choices_are_kept():
     user = report()
     user["explorer"]["min_running_model_num"] = 1
+    user["explorer"]["service_status_check_interval"] = 60
     user["checkpoint_root_dir"] = "/shared/ckpt"
     user["buffer"] = {"trainer_input": {"experience_buffer": {"name": "eb", "storage_type": "queue"}}}
     user["model"]["max_model_len"] = 4096
     cfg, changes = eff(user, model_max_len=32768)
     assert cfg["explorer"]["min_running_model_num"] == 1
+    assert cfg["explorer"]["service_status_check_interval"] == 60
+    assert "explorer.service_status_check_interval" not in {c.key for c in changes}
     assert cfg["checkpoint_root_dir"] == "/shared/ckpt"
     assert cfg["model"]["max_model_len"] == 4096
     assert cfg["buffer"]["trainer_input"]["experience_buffer"] == {"name": "eb", "storage_type": "queue"}
@@ -89,6 +95,9 @@ def test_environment_decisions():
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in env
     env, _ = serve_config.environment({"VLLM_USE_FLASHINFER_SAMPLER": "1"}, ray_env=ray_env, tag="t", nvcc=None)
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+    # --expose opens the proxy only: the engines' hosts and the rendezvous stay on loopback
+    exposed, _ = serve_config.environment({}, ray_env=ray_env, tag="t", nvcc=None, expose=True)
+    assert (exposed["VLLM_HOST_IP"], exposed["GLOO_SOCKET_IFNAME"], exposed["NCCL_SOCKET_IFNAME"]) == ("127.0.0.1", "lo", "lo")
 
 
 TRINITY_CHECK = r"""
@@ -100,6 +109,7 @@ eb = cfg.buffer.trainer_input.experience_buffer
 print("RESULT " + json.dumps({
     "listen_address": cfg.explorer.listen_address,
     "min_running_model_num": cfg.explorer.min_running_model_num,
+    "service_status_check_interval": cfg.explorer.service_status_check_interval,
     "sync_method": str(cfg.synchronizer.sync_method.value),
     "enable_openai_api": cfg.explorer.rollout_model.enable_openai_api,
     "ray_address": cfg.cluster.ray_address,
@@ -126,6 +136,7 @@ def test_real_trinity_accepts_the_effective_report_config(tmp_path, tiny_model):
     got = json.loads(lines[0][7:])
     assert got["listen_address"] == "127.0.0.1"
     assert got["min_running_model_num"] == 0
+    assert got["service_status_check_interval"] == 2
     assert got["sync_method"] == "checkpoint"
     assert got["enable_openai_api"] is True
     assert got["ray_address"] == "127.0.0.1:6000"
@@ -134,3 +145,28 @@ def test_real_trinity_accepts_the_effective_report_config(tmp_path, tiny_model):
     assert got["eb_path"] == "sqlite:///" + got["cache_dir"] + "/experience_buffer.db"
     assert got["cache_dir"].startswith(str(tmp_path))
     assert got["max_model_len"] == 2048
+
+
+def test_restart_with_the_same_checkpoint_root_reuses_the_same_stores(tmp_path, tiny_model):
+    """Two serves (new run directories) of a config that sets checkpoint_root_dir get the same job
+    directory and the same stores; Trinity's own GlobalConfigValidator (guards upstream: its
+    continue_from_checkpoint defaults to true) keeps that job directory when it already holds the
+    first serve's files instead of renaming the experiment `<name>_<timestamp>`."""
+    from trinity.common.config import load_config
+    from trinity.common.config_validator import GlobalConfigValidator
+
+    user = {**report(str(tiny_model)), "checkpoint_root_dir": str(tmp_path / "data")}
+    runs = [serve_config.effective(user, run_dir=str(tmp_path / f"run{i}"), ray_address="127.0.0.1:6000", proxy_port=18010,
+                                   model_max_len=2048)[0] for i in (0, 1)]  # fmt: skip
+    assert runs[0] == runs[1] and "continue_from_checkpoint" not in runs[0]
+    job = serve_config.job_dir(runs[0])
+    os.makedirs(job + "/buffer")
+    (Path(job) / "buffer" / "proxy_history.db").write_bytes(b"")  # the first serve's store
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(runs[1]))
+    cfg = load_config(str(path))
+    GlobalConfigValidator().validate(cfg)
+    assert cfg.checkpoint_job_dir == job and cfg.name == runs[1].get("name", "rft")
+    cfg.continue_from_checkpoint = False  # what a config that sets it false would get: a new experiment
+    GlobalConfigValidator().validate(cfg)
+    assert cfg.checkpoint_job_dir != job

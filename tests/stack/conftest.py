@@ -47,3 +47,27 @@ def patched_site(tmp_path_factory) -> Path:
         assert patches.apply(site, patches.patches_dir() / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version) == [
             ("trinity/explorer/proxy/app.py", "applied")]
     return site
+
+
+def policy_chain_site(tmp_path_factory, name: str, leave_out: str | None = None) -> Path:
+    """Trinity's original files with every trinity-rft patch of the policy applied in its order
+    (the install's chain), except ``leave_out``."""
+    site = _trinity_copy(tmp_path_factory, name)
+    for p in policy.load().patches:
+        if p.dist == "trinity-rft" and p.file != leave_out:
+            patches.apply(site, patches.patches_dir() / p.file, expect_sha256=p.sha256, dist=p.dist, version=p.version)
+    return site
+
+
+@pytest.fixture(scope="module")
+def policy_site(tmp_path_factory) -> Path:
+    """Every trinity-rft patch of the policy, as `rftstack relax` applies them."""
+    return policy_chain_site(tmp_path_factory, "policy")
+
+
+@pytest.fixture(scope="module")
+def site_without_marks(tmp_path_factory) -> Path:
+    """The policy's chain without trinity-proxy-commit-marks.patch (Trinity's own commit path)."""
+    site = policy_chain_site(tmp_path_factory, "no-marks", leave_out="trinity-proxy-commit-marks.patch")
+    assert "restore_uncommitted" not in (site / "trinity/explorer/proxy/service.py").read_text()
+    return site

@@ -139,3 +139,100 @@ def test_kill9_mid_burst_keeps_every_response_the_client_received(double, patche
     for rid, rs in rows.items():  # the cut-off ones may have a row; any row there is whole
         assert len(rs) == 1
         assert_intact(rs[0], double.sent[rid])
+
+
+def feedback(px: Proxy, rid: str, reward: float) -> None:
+    assert post(px.base + "/feedback", {"reward": reward, "msg_ids": [rid], "task_id": "crash", "run_id": 0})["status"] == "success"
+
+
+def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_site, tmp_path):
+    """A new proxy process on the same proxy_history.db and experience buffer (what a restarted
+    `rftstack serve` with the same checkpoint root gets) after a kill -9 mid-burst: every response
+    the client received, before or after the restart, has exactly one row; the msg ids are unique
+    across the restart; rewards and the one /commit after the restart deliver each exactly once."""
+    work = tmp_path / "proxy"
+    px = Proxy(double.base_url, work, policy_site)
+    double.token_delay_s = 0.1
+    before, failed = [], []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            futs = [pool.submit(ask, px, i, 4 + 2 * i if i % 2 else 4) for i in range(12)]
+            for f in concurrent.futures.as_completed(futs):
+                try:
+                    before.append(f.result())
+                except Exception as e:  # noqa: BLE001 - cut off by the kill
+                    failed.append(repr(e))
+                if len(before) == 4 and px.proc.poll() is None:
+                    kill9(px)
+    finally:
+        double.token_delay_s = 0.0
+        kill9(px)
+    assert failed, "the kill did not cut any request off"
+    _, rows_before = stored(px.db)
+
+    px2 = Proxy(double.base_url, work, policy_site)  # same db, same commits file
+    try:
+        after = [ask(px2, 100 + i, max_tokens=3) for i in range(6)]
+        received = before + after
+        reward = {rid: round(0.01 * (k + 1), 3) for k, rid in enumerate(received)}
+        for rid in received:
+            feedback(px2, rid, reward[rid])
+        assert post(px2.base + "/commit", {})["status"] == "success"
+    finally:
+        px2.stop()
+    check, rows = stored(px2.db)
+    assert check == "ok"
+    assert len(set(received)) == len(received)  # msg ids unique across the restart
+    for rid in received:
+        assert len(rows[rid]) == 1, f"{rid} has {len(rows[rid])} rows"
+        assert_intact(rows[rid][0], double.sent[rid])
+        assert rows[rid][0]["consumed"] == 2 and rows[rid][0]["reward"] == pytest.approx(reward[rid])
+    assert set(rows_before) <= set(rows)  # nothing recorded before the kill is gone
+    got = [c["msg_id"] for c in commits(px2)]
+    assert sorted(got) == sorted(received)  # each delivered exactly once
+
+
+@pytest.mark.parametrize("marks", [True, False], ids=["patched", "unpatched"])
+def test_rewards_stranded_by_a_crash_are_delivered_once_after_restart(double, policy_site, site_without_marks, tmp_path, marks):
+    """4 responses rewarded and committed, 4 more rewarded, then kill -9 before any /commit. The
+    next process on the same store queues the 4 stranded ones at start and its /commit delivers
+    them, once; a third process delivers nothing again. Without the commit-marks patch (Trinity
+    0.6.0 as published) the stranded rewards are never delivered: this test fails there."""
+    site = policy_site if marks else site_without_marks
+    work = tmp_path / "proxy"
+    px = Proxy(double.base_url, work, site)
+    try:
+        ids = [ask(px, i, max_tokens=3) for i in range(8)]
+        first, stranded = ids[:4], ids[4:]
+        for rid in first:
+            feedback(px, rid, 1.0)
+        assert post(px.base + "/commit", {})["status"] == "success"
+        for rid in stranded:
+            feedback(px, rid, 0.5)
+        kill9(px)
+    finally:
+        kill9(px)
+    assert sorted(c["msg_id"] for c in commits(px)) == sorted(first)
+
+    px2 = Proxy(double.base_url, work, site)
+    try:
+        assert post(px2.base + "/commit", {})["status"] == "success"
+    finally:
+        kill9(px2)
+    delivered = [c["msg_id"] for c in commits(px2)]
+    if not marks:
+        assert sorted(delivered) == sorted(first), "unpatched Trinity delivered the stranded rewards"
+        return
+    assert "RESTORED 4" in px2.log.read_text()
+    assert sorted(delivered) == sorted(ids)  # the stranded 4 once, the first 4 not again
+    assert all(c["reward"] == 0.5 for c in commits(px2) if c["msg_id"] in stranded)
+
+    px3 = Proxy(double.base_url, work, site)
+    try:
+        assert "RESTORED 0" in px3.log.read_text()
+        assert post(px3.base + "/commit", {})["status"] == "success"
+    finally:
+        px3.stop()
+    assert sorted(c["msg_id"] for c in commits(px3)) == sorted(ids)  # nothing delivered twice
+    _, rows = stored(px3.db)
+    assert {rid: rows[rid][0]["consumed"] for rid in ids} == {rid: 2 for rid in ids}

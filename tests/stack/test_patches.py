@@ -134,6 +134,10 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-recorder-group-commit.patch: trinity/explorer/proxy/recorder.py: applied",
+        "trinity-proxy-reload-wait.patch: trinity/explorer/proxy/service.py: applied",
+        "trinity-proxy-commit-marks.patch: trinity/explorer/proxy/service.py: applied",
+        "trinity-proxy-commit-marks.patch: trinity/explorer/proxy/recorder.py: applied",
+        "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-fast-forward.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

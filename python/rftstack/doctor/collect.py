@@ -15,6 +15,7 @@ import argparse
 import importlib.metadata as md
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Iterable
 
 from rftstack import findings as F
@@ -33,7 +34,11 @@ CHECKS: dict[str, str] = {
     "model": "model directory, architecture, tokenizer/chat template, weights vs GPU memory",
     "network": "proxy and Ray ports free; who can reach the proxy's listen address",
     "ray": "a running Ray cluster and whether it answers",
+    "cluster": "with --ray-address: nodes, GPUs, driver against CUDA flavour per node, clock skew, token",
 }
+# The groups about this machine and its install, not about a config: a failure here means nothing
+# can serve, so `collect(..., stop_at_machine_failure=True)` (serve's preflight) stops there.
+MACHINE = ("gpu", "elf", "toolchain", "pyenv", "vllm-api")
 
 
 def _version(dist: str) -> str | None:
@@ -61,17 +66,24 @@ class _Run:
 
 
 def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, skip: Iterable[str] = (),
-            progress: Callable[[str], None] | None = None, python: str | None = None) -> list[Finding]:
+            progress: Callable[[str], None] | None = None, python: str | None = None,
+            stop_at_machine_failure: bool = False, ray_address: str | None = None,
+            ray_token_path: str | None = None) -> list[Finding]:
     """Every finding about this machine and, with ``config_path``, that config.
+
+    ``stop_at_machine_failure``: return right after the machine groups (MACHINE) when one of them
+    failed, so nothing slow (Trinity's config subprocess) runs for a machine that cannot serve.
+    A config whose values fail (checks.values) is not handed to Trinity's subprocess either.
 
     ``gpu_reader``: a callable returning a ``checks.gpu.GpuInfo``; None reads the real driver (NVML,
     /proc, nvidia-smi). Tests pass a named test double here, the one thing not on a CPU machine.
     ``python``: the interpreter for Trinity's config subprocess (default: this one).
+    ``ray_address``: a Ray cluster (with its token file) whose nodes are checked too (checks.cluster).
     """
     from rftstack.doctor import netstat
     from rftstack.stack import policy as policy_mod
     from rftstack.doctor.checks import config as config_check
-    from rftstack.doctor.checks import elf, gpu, model, network, pyenv, ray_cluster, rlloop, toolchain, vllm_api
+    from rftstack.doctor.checks import elf, gpu, model, network, pyenv, ray_cluster, rlloop, toolchain, values, vllm_api
 
     skip = set(skip)
     unknown = skip - set(CHECKS)
@@ -100,6 +112,8 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     vllm_root = vllm_api.package_dir("vllm")
     trinity_root = vllm_api.package_dir("trinity")
     run("vllm-api", lambda: vllm_api.check(trinity_root, vllm_root, vllm_version))
+    if stop_at_machine_failure and any(f.status == FAIL for f in run.out):
+        return run.out
 
     raw = None
     if config_path is not None:
@@ -111,7 +125,17 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         else:
             raw, file_findings = config_check.check_file(config_path)
             run.out.extend(file_findings)
+            value_failed = False
             if raw is not None:
+                before = len(run.out)
+                run("config", lambda: values.check(
+                    raw, gpus_present=len(info.gpus) if info.driver_version else None,
+                    model_max_len=config_check.max_position_embeddings(config_check.read_model_config(config_check.model_path(raw))),
+                    engine_args=values.engine_arg_names(vllm_root)))
+                value_failed = any(f.status == FAIL for f in run.out[before:])
+                if value_failed:
+                    run.out.append(Finding("config.trinity", F.INFO, "Trinity's own config check did not run: fix the values above first.", ""))
+            if raw is not None and not value_failed:
                 say("checking the config with Trinity's own code (a subprocess that imports torch/ray/verl, about 15 s)...")
                 mpath = config_check.model_path(raw)
                 run("config", lambda: config_check.check_trinity(
@@ -119,9 +143,15 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                     raw, config_check.read_model_config(mpath), config_path))
     if raw is not None:
         get = config_check.get
+
+        def number(key: str, default, ok=values.is_num):
+            """The config's value, or the default where it is of the wrong type (config.value said so)."""
+            v = get(raw, key, default)
+            return v if ok(v) else default
+
         run("rl-loop", lambda: rlloop.check(
-            int(get(raw, "explorer.rollout_model.engine_num", rlloop.DEFAULT_ENGINE_NUM)),
-            int(get(raw, "explorer.min_running_model_num", rlloop.DEFAULT_MIN_RUNNING)),
+            number("explorer.rollout_model.engine_num", rlloop.DEFAULT_ENGINE_NUM, values.is_int),
+            number("explorer.min_running_model_num", rlloop.DEFAULT_MIN_RUNNING, values.is_int),
             config_check.is_set(raw, "explorer.min_running_model_num"),
             rlloop.sync_gate((trinity_root / rlloop.SERVICE).read_text()) if trinity_root and (trinity_root / rlloop.SERVICE).is_file() else None,
             get(raw, "mode", "serve")))
@@ -132,19 +162,38 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                 config_check.model_path(raw),
                 registry_source=reg.read_text() if reg and reg.is_file() else None,
                 vllm_version=vllm_version, gpu=info,
-                gpu_memory_utilization=float(get(raw, "explorer.rollout_model.gpu_memory_utilization", 0.9)),
-                max_model_len=get(raw, "explorer.rollout_model.max_model_len") or get(raw, "model.max_model_len"))
+                gpu_memory_utilization=float(number("explorer.rollout_model.gpu_memory_utilization", 0.9)),
+                max_model_len=None)  # against the model: config.value
         run("model", model_findings)
 
-    ray_address, ray_source = ray_cluster.find_address(env)
+    cluster_address = ray_address
+    ray_address, ray_source = ray_cluster.find_address({**env, "RAY_ADDRESS": cluster_address} if cluster_address else env)
     ray_ok = ray_cluster.reachable(ray_address) if ray_address and not ray_address.startswith("ray://") else (None, "")
+    port = config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)
     run("network", lambda: network.check(
-        int(config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)),
+        port if values.is_int(port) else network.DEFAULT_PROXY_PORT,
         str(config_check.get(raw or {}, "explorer.listen_address", network.DEFAULT_LISTEN)),
         netstat.listeners(),
         ray_address if ray_ok[0] else None,
         listen_is_default=not config_check.is_set(raw or {}, "explorer.listen_address")))
     run("ray", lambda: ray_cluster.check(ray_address, ray_source, ray_ok[0], ray_ok[1]))
+    if cluster_address is not None:
+        from rftstack.run import ray_head
+        from rftstack.doctor.checks import cluster
+
+        def cluster_findings():
+            say(f"asking every node of the Ray cluster at {cluster_address} to describe itself (a Ray driver, seconds)...")
+            token = str(Path(ray_token_path).absolute()) if ray_token_path else ""
+            paths = {}
+            if raw is not None:
+                for name, key in (("model", "model.model_path"), ("checkpoints", "checkpoint_root_dir")):
+                    value = config_check.get(raw, key, None)
+                    if isinstance(value, str) and value:
+                        paths[name] = str(Path(value).absolute())
+            nodes, why = cluster.report(cluster_address, {**env, **ray_head.client_env(cluster_address, token)}, paths)
+            return cluster.check(cluster_address, nodes, why, ray_token_path, paths)
+
+        run("cluster", cluster_findings)
     return run.out
 
 
@@ -159,13 +208,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--skip", metavar="CHECK", action="append", default=[], choices=list(CHECKS),
                         help="skip a check group (repeatable): " + ", ".join(CHECKS))
+    parser.add_argument("--ray-address", metavar="HEAD:PORT", default=None, help="also check this Ray cluster's nodes (with --ray-token-path)")
+    parser.add_argument("--ray-token-path", metavar="FILE", default=None, help="the cluster's token file (the head's auth_token or a copy)")
 
 
 def run(args) -> int:
     def progress(msg):
         print(f"rftstack doctor: {msg}", file=sys.stderr, flush=True)
 
-    found = collect(args.config, skip=set(args.skip), progress=progress)
+    found = collect(args.config, skip=set(args.skip), progress=progress, ray_address=args.ray_address, ray_token_path=args.ray_token_path)
     if args.json:
         print(F.to_json(found, command="doctor", config=args.config))
     else:

@@ -24,10 +24,15 @@ class Ready:
         return self.health and bool(self.models)
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """(status, body); status 0 when nothing answered."""
+def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, bytes]:
+    """(status, body); status 0 when nothing answered. An https URL is this serve's own proxy on
+    loopback: its certificate (the user's, for their host name) is not verified here."""
+    import ssl
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    ctx = ssl._create_unverified_context() if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout, context=ctx) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read() if exc.fp else b""
@@ -43,11 +48,11 @@ def model_ids(body: bytes) -> list[str]:
         return []
 
 
-def check(base_url: str, timeout: float = 5.0) -> Ready:
-    status, body = http_get(base_url + "/health", timeout)
+def check(base_url: str, timeout: float = 5.0, api_key: str | None = None) -> Ready:
+    status, body = http_get(base_url + "/health", timeout, api_key)
     if status != 200:
         return Ready(False, [], f"/health: {status or body.decode(errors='replace')[:80]}")
-    status, body = http_get(base_url + "/v1/models", timeout)
+    status, body = http_get(base_url + "/v1/models", timeout, api_key)
     ids = model_ids(body) if status == 200 else []
     return Ready(True, ids, "" if ids else f"/v1/models: {status} {body[:80]!r}")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from rftstack.doctor import netstat
+from rftstack.run import apikey
 from rftstack.run import ray_head
 from rftstack.run import readiness
 from rftstack.run import rundir
@@ -133,9 +134,10 @@ class HeadStarter:
     at once, so that a failing preflight (or a signal) still has it stopped by the teardown.
     """
 
-    def __init__(self, serve: "Serve", num_gpus: int | None):
+    def __init__(self, serve: "Serve", num_gpus: int | None, extra_env: dict[str, str] | None = None):
         self.serve = serve
         self.num_gpus = num_gpus
+        self.extra_env = extra_env or {}
         self.head: ray_head.Head | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._start, name="ray-head-start", daemon=True)
@@ -143,7 +145,9 @@ class HeadStarter:
     def _start(self) -> None:
         run = self.serve.run
         try:
-            self.head = ray_head.start(state_dir=run.root / "ray-head", num_gpus=self.num_gpus,
+            # the Explorer actor (Trinity's proxy) inherits the head's environment: the key file's path
+            env = {**os.environ, **self.extra_env} if self.extra_env else None
+            self.head = ray_head.start(state_dir=run.root / "ray-head", num_gpus=self.num_gpus, env=env,
                                        log_path=run.log("ray-start.log"), progress=self.serve.say)  # fmt: skip
         except BaseException as exc:  # re-raised in the main thread by result()
             self.error = exc
@@ -254,17 +258,30 @@ class Serve:
                                           proxy_port=port, expose=args.expose, model_max_len=max_len)  # fmt: skip
 
         pre, _ = make(args.ray_address or "auto")
+        apikey.check_tls(args.tls_cert, args.tls_key)
+        key_file = None
+        if args.expose:
+            if args.ray_address:
+                raise UserError("--expose needs this serve's own Ray head (the proxy learns its API key from the head's environment); leave out --ray-address")
+            key_file, key, made = apikey.ensure(serve_config.job_dir(pre))
+            self._announce_key(key_file, key, made, port)
+        proxy_env = apikey.proxy_env(key_file, args.tls_cert, args.tls_key)
+        if proxy_env and args.ray_address:
+            raise UserError("--tls-cert needs this serve's own Ray head (the proxy reads it from the head's environment); leave out --ray-address")
         preflight = self.run.root / "config.preflight.yaml"
         rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
         if args.ray_address:
             token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
             if not token:
                 raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
+            self._preflight(None)
             self._preflight(str(preflight))
         else:
-            # an own head starts while the preflight runs (both take seconds; neither needs the
-            # other): the head is stopped again by the teardown if the preflight fails
-            with HeadStarter(self, args.num_gpus) as starter:
+            # the machine first (a second or two; nothing is started for a machine that cannot
+            # serve), then an own head starts while the config checks run (both take seconds;
+            # neither needs the other): the teardown stops the head if they fail
+            self._preflight(None)
+            with HeadStarter(self, args.num_gpus, proxy_env) as starter:
                 self._preflight(str(preflight))
             self.head = starter.result()
         guard_checkpoints(serve_config.job_dir(pre))
@@ -299,10 +316,13 @@ class Serve:
         env, notes = serve_config.environment(
             dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)), expose=args.expose
         )
+        env.update(proxy_env)
         for n in notes:
             self.say(f"env: {n}")
         host = serve_config.get(cfg, "explorer.listen_address")
-        base_url = f"http://{serve_config.LOOPBACK if host in ('0.0.0.0', '::') else host}:{port}"
+        scheme = "https" if args.tls_cert else "http"
+        base_url = f"{scheme}://{serve_config.LOOPBACK if host in ('0.0.0.0', '::') else host}:{port}"
+        api_key = key_file.read_text().strip() if key_file else None
 
         # -- trinity
         self.phase("trinity", proxy_port=port, listen_address=host)
@@ -322,7 +342,7 @@ class Serve:
                 return dead, 1
             if self._interrupted():
                 return "stopped by signal before ready", 0
-            ready = readiness.check(base_url, timeout=3)
+            ready = readiness.check(base_url, timeout=3, api_key=api_key)
             if ready.ok:
                 break
             now = time.monotonic()
@@ -374,6 +394,18 @@ class Serve:
                 return f"stopped by {self.signals[0]}", 0
             time.sleep(1.0)
 
+    def _announce_key(self, key_file, key: str, made: bool, port: int) -> None:
+        """The key on the terminal, once, when it is made; never in serve.log or status.json."""
+        if not made:
+            self.say(f"--expose: the proxy asks for the API key in {key_file} (0600, kept from the first start)")
+            return
+        import socket
+
+        base = f"{'https' if self.args.tls_cert else 'http'}://{socket.gethostname()}:{port}"
+        self.say(f"--expose: made the proxy's API key {key_file} (0600); it is shown here once, for your client:")
+        for line in apikey.client_lines(base, key):
+            print(f"  {line}", file=sys.stderr if self.args.json else sys.stdout, flush=True)
+
     def _user_config(self) -> tuple[dict, str]:
         args = self.args
         if args.config:
@@ -401,21 +433,30 @@ class Serve:
         self.say(f"no -c given: serving the embedded default (tiny model {model}), config {self.run.user_config}")
         return cfg, str(self.run.user_config)
 
-    def _preflight(self, config_path: str) -> None:
+    def _preflight(self, config_path: str | None) -> None:
+        """The doctor's machine groups (``config_path`` None), or everything else about the config."""
         self.phase("preflight")
         if self.args.skip_doctor:
-            self.say("preflight skipped (--skip-doctor)")
+            if config_path is None:
+                self.say("preflight skipped (--skip-doctor)")
             return
         try:
-            from rftstack.doctor.collect import collect
+            from rftstack.doctor.collect import CHECKS, MACHINE, collect
         except ImportError as exc:
             raise UserError(
                 f"the preflight checks (rftstack.doctor.collect) are not in this install ({exc}); update rftstack, or pass --skip-doctor to serve without them"
             ) from None
         from rftstack.findings import FAIL, render
 
-        self.say("preflight: rftstack doctor")
-        findings = collect(config_path, progress=lambda m: self.say(f"  {m}"))
+        if config_path is None:
+            self.say("preflight: rftstack doctor (this machine)")
+            skip = set(CHECKS) - set(MACHINE)
+        else:
+            self.say("preflight: rftstack doctor (the config)")
+            skip = set(MACHINE)
+        token = self.args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        findings = collect(config_path, skip=skip, progress=lambda m: self.say(f"  {m}"),
+                           ray_address=self.args.ray_address, ray_token_path=token if self.args.ray_address else None)  # fmt: skip
         text = render(findings)
         if text:
             for line in text.splitlines():
@@ -503,7 +544,10 @@ def configure(parser) -> None:
     parser.add_argument("--run-dir", help="the run directory (must be new or empty); default ./rftstack-runs/<timestamp>")
     parser.add_argument("--runs-base", default=rundir.DEFAULT_BASE, help="where run directories are made (default ./rftstack-runs)")
     parser.add_argument("--port", type=int, default=None, help="proxy port (default: the config's, else 8010; 0: any free port)")
-    parser.add_argument("--expose", action="store_true", help="let the proxy listen on the network (default: 127.0.0.1 only)")
+    parser.add_argument("--expose", action="store_true",
+                        help="let the proxy listen on the network (default: 127.0.0.1 only); it then asks for an API key (made on first use)")
+    parser.add_argument("--tls-cert", help="serve the proxy over HTTPS with this certificate (PEM; with --tls-key)")
+    parser.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
     parser.add_argument("--ray-address", help="join this Ray head instead of starting one (it is not stopped at exit)")
     parser.add_argument("--ray-token-path", help="the token file of the head given by --ray-address")
     parser.add_argument("--num-gpus", type=int, default=None, help="GPUs for the Ray head (default: detected)")

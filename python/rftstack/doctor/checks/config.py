@@ -143,9 +143,26 @@ def fix_for_error(error: str, model_cfg: dict) -> str:
     return "Change the setting Trinity names in its message."
 
 
+_FULL_KEY = re.compile(r"full_key:\s*(\S+)")
+
+
+def one_line(error: str) -> str:
+    """Trinity's (or OmegaConf's) error on one line: its first line, plus the key OmegaConf names
+    on a later line (``full_key: a.b``) when the first line does not."""
+    lines = [ln.strip() for ln in error.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(no message)"
+    first = lines[0].rstrip(".")
+    key = _FULL_KEY.search(error)
+    if key and key.group(1) not in first:
+        first += f" (key {key.group(1)})"
+    return first
+
+
 def check_trinity(result: dict, raw: dict, model_cfg: dict, config_path: str) -> list[Finding]:
     out = []
     err = result.get("error")
+    err = one_line(err) if err else err
     if err:
         out.append(Finding("config.trinity", FAIL, f"Trinity refuses {config_path}: {err.rstrip('.')}.",
                            fix_for_error(err, model_cfg), {k: result.get(k) for k in ("error", "error_type", "stage")}))
@@ -172,9 +189,9 @@ def check_trinity(result: dict, raw: dict, model_cfg: dict, config_path: str) ->
         out.append(Finding("config.trinity", OK, f"Trinity's load_config + check_and_update accept {config_path} ({len(changes)} values filled in or rewritten).",
                            "", {"changes": changes, "final": result.get("final", {})}))
         job = (result.get("final") or {}).get("checkpoint_job_dir")
-        if job and os.path.isdir(job) and os.listdir(job) and not get(raw, "continue_from_checkpoint", False):
+        if job and os.path.isdir(job) and os.listdir(job) and get(raw, "continue_from_checkpoint", True) is False:  # Trinity 0.6.0 defaults to True
             out.append(Finding("config.checkpoint_dir", INFO,
-                               f"{job} already holds files, so Trinity will run under a new name `<name>_<timestamp>` (set continue_from_checkpoint: true to reuse it).", ""))
+                               f"{job} already holds files, so Trinity will run under a new name `<name>_<timestamp>` (continue_from_checkpoint is false; remove it to reuse the directory).", ""))
     return out
 
 

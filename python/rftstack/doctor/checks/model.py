@@ -61,6 +61,9 @@ def check(model_dir: str | None, *, registry_source: str | None, vllm_version: s
     if not model_dir:
         return [Finding("model.path", FAIL, "The config sets no model.model_path.", "Set `model.model_path` to a local Hugging Face model directory.")]
     d = Path(model_dir)
+    if d.is_file():
+        return [Finding("model.path", FAIL, f"The model path {d} is a file, not a directory.",
+                        f"Set `model.model_path` to the directory that holds it ({d.parent}) if that is the model directory, i.e. the one with config.json and the *.safetensors files.")]
     if not d.is_dir():
         return [Finding("model.path", FAIL, f"Model directory {d} does not exist.",
                         "Set `model.model_path` to the local directory that holds config.json and the *.safetensors files (a hub id needs network access at serve time).")]

@@ -1,0 +1,208 @@
+"""`rftstack train`: preflight, a loopback Ray head, then `trinity run` in train mode, supervised.
+
+The verl trainer reads the experiences a `rftstack serve` run committed (its SQLite store) and
+writes a checkpoint after every step where that serve's synchronizer loads it (train_config.py).
+Same shape as serve (serve.Serve: run directory, status.json, effective config with changes.json,
+supervision, teardown on SIGINT/SIGTERM); what differs:
+
+- the preflight adds the train-side checks (doctor/checks/trainside.py) and leaves out the serve-only
+  ones (proxy port, engine reload, vLLM's share of GPU memory);
+- there is no endpoint to wait for: phase ``training`` follows Trinity's log (``Training at step N
+  finished``) and ``latest_state_dict_iteration.txt``;
+- Trinity's trainer logs ``Error in Trainer`` and still exits 0 after a failed step: train exits 1.
+
+On one GPU the serve starts first (vLLM checks free memory at start; Trinity's trainer check only
+total memory) and each side has its own Ray head: neither asks Ray for a fraction of a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from rftstack.run import ray_head, rundir, serve, serve_config, supervisor, train_config
+from rftstack.errors import UserError
+
+STEP_DONE = re.compile(r"Training at step (\d+) finished")
+TRAINER_ERROR = "Error in Trainer"
+NO_MORE = "No more samples to train"
+SKIP_FOR_TRAIN = ("network", "rl-loop", "model", "ray")  # serve-only doctor groups
+
+
+def latest_step(job_dir: str) -> int | None:
+    """The step in the job dir's latest_state_dict_iteration.txt (what the serve loads), or None."""
+    try:
+        return int(Path(job_dir, "latest_state_dict_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class Train(serve.Serve):
+    def __init__(self, args):
+        super().__init__(args)
+        self.tag = f"train-{uuid.uuid4().hex[:12]}"
+        self.steps_done: list[int] = []
+        self.trainer_errors: list[str] = []
+        self.no_more_samples = False
+        self.seen_step: int | None = None
+
+    def _watch(self, line: str) -> None:
+        """Trinity's log, line by line (the pump's thread): steps, errors."""
+        m = STEP_DONE.search(line)
+        if m:
+            self.steps_done.append(int(m.group(1)))
+        if TRAINER_ERROR in line:
+            self.trainer_errors.append(line.strip())
+        if NO_MORE in line:
+            self.no_more_samples = True
+
+    def _serve(self) -> tuple[str, int]:
+        args = self.args
+        self.run = rundir.create(args.run_dir, base=args.runs_base)
+        self.serve_log = rundir.RotatingLog(self.run.log("train.log"))
+        self.status = rundir.Status(self.run.status, run_dir=str(self.run.root), supervisor_pid=os.getpid(), tag=self.tag)
+        self.say(f"run directory {self.run.root}")
+        user_cfg, _ = self._user_config()
+        if self._interrupted():
+            return "stopped by signal", 0
+        gpus = args.num_gpus if args.num_gpus is not None else ray_head.detect_gpus()
+        gpus = max(int(gpus), 1)
+
+        pre, _ = train_config.effective(user_cfg, ray_address=args.ray_address or "auto", gpus=gpus)
+        preflight = self.run.root / "config.preflight.yaml"
+        rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
+        if args.ray_address:
+            token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            if not token:
+                raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
+            self._preflight_train(pre, str(preflight))
+        else:
+            with serve.HeadStarter(self, args.num_gpus) as starter:
+                self._preflight_train(pre, str(preflight))
+            self.head = starter.result()
+        if self._interrupted():
+            return "stopped by signal", 0
+
+        self.phase("ray")
+        if args.ray_address:
+            ray_env = ray_head.client_env(args.ray_address, str(Path(token).absolute()))
+            ray_address = args.ray_address
+            self.say(f"joining the Ray head at {ray_address} (not started here, not stopped here)")
+        else:
+            (self.run.root / "ray").symlink_to(self.head.temp_dir)
+            ray_env, ray_address = self.head.env(), self.head.address
+            self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "tag": self.head.tag,
+                                   "pids": [p.pid for p in self.head.processes()]})  # fmt: skip
+
+        self.phase("config")
+        cfg, changes = train_config.effective(user_cfg, ray_address=ray_address, gpus=gpus)
+        rundir.write_atomic(self.run.config, yaml.safe_dump(cfg, sort_keys=False))
+        rundir.write_atomic(self.run.changes, json.dumps([c.__dict__ for c in changes], indent=2, default=str) + "\n")
+        self.say(f"effective config {self.run.config} ({len(changes)} change(s)):")
+        for c in changes:
+            self.say(f"  {c.render()}")
+        env, notes = serve_config.environment(dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=serve.find_nvcc(dict(os.environ)))
+        for n in notes:
+            self.say(f"env: {n}")
+        job = serve_config.job_dir(cfg)
+        data = {"checkpoint_job_dir": job, "experience_buffer": serve_config.get(cfg, "buffer.trainer_input.experience_buffer.path"),
+                "latest": f"{job}/latest_state_dict_iteration.txt"}  # fmt: skip
+
+        self.phase("trinity")
+        argv = serve.trinity_command(dict(os.environ)) + ["run", "--config", str(self.run.config)]
+        self.trinity_log = rundir.RotatingLog(self.run.log("trinity.log"))
+        self.trinity_log.write(f"# {' '.join(argv)}")
+
+        def sink(line: str) -> None:
+            self.trinity_log.write(line)
+            self._watch(line)
+
+        self.trinity, self.pump = supervisor.spawn(argv, env=env, cwd=str(self.run.root), sink=sink)
+        self.say(f"trinity started (pid {self.trinity.pid}): {' '.join(argv)}; log {self.run.log('trinity.log')}")
+        for k, v in data.items():
+            self.say(f"  data: {k} = {v}")
+        self.phase("training", trinity_pid=self.trinity.pid, data=data)
+        self.event("training", run_dir=str(self.run.root), data=data, status=str(self.run.status))
+
+        self.seen_step = latest_step(job)
+        while True:
+            rc = self.trinity.poll()
+            if rc is not None:
+                self.pump.join(timeout=5)
+                return self._finished(rc, job)
+            if self.head is not None and self.head.gcs_pid() is None:
+                return self._fail("the Ray head's GCS died")
+            if self._interrupted():
+                return f"stopped by {self.signals[0]}", 0
+            self._note_checkpoint(job)
+            if self.trainer_errors:
+                return self._fail(f"the trainer failed a step ({self.trainer_errors[0]}); see {self.run.log('trinity.log')}")
+            time.sleep(0.5)
+
+    def _note_checkpoint(self, job: str) -> None:
+        step = latest_step(job)
+        if step is not None and step != self.seen_step:
+            self.seen_step = step
+            self.say(f"checkpoint of step {step} written: {job}/global_step_{step} (the serve loads it)")
+            self.phase("training", latest_step=step, steps_done=len(self.steps_done))
+            self.event("checkpoint", step=step)
+
+    def _finished(self, rc: int, job: str) -> tuple[str, int]:
+        self._note_checkpoint(job)
+        step = latest_step(job)
+        if self.trainer_errors:
+            return self._fail(f"the trainer failed a step ({self.trainer_errors[0]}) and trinity exited with code {rc}; see {self.run.log('trinity.log')}")
+        if rc != 0:
+            return self._fail(f"trinity exited with code {rc}")
+        why = "no full batch arrived within the reader's max_read_timeout" if self.no_more_samples else "total_steps reached"
+        return f"training finished after {len(self.steps_done)} step(s), latest checkpoint step {step} ({why})", 0
+
+    def _preflight_train(self, cfg: dict, config_path: str) -> None:
+        self.phase("preflight")
+        if self.args.skip_doctor:
+            self.say("preflight skipped (--skip-doctor)")
+            return
+        from rftstack.doctor.checks import gpu, trainside
+        from rftstack.doctor.collect import collect
+        from rftstack.findings import FAIL, render
+
+        self.say("preflight: rftstack doctor (train side)")
+        found = collect(config_path, skip=SKIP_FOR_TRAIN, progress=lambda m: self.say(f"  {m}"))
+        self.say("  importing Trinity's verl trainer in a subprocess...")
+        found += trainside.check_trainer_import(*trainside.trainer_import())
+        buf = serve_config.get(cfg, "buffer.trainer_input.experience_buffer") or {}
+        db = Path(str(buf.get("path", "")).removeprefix("sqlite:///"))
+        found += trainside.check_store(db, buf.get("name") or "experience_buffer", *trainside.store_tables(db, buf.get("name") or "experience_buffer"))
+        info = gpu.read()
+        first = info.gpus[0] if info.gpus else None
+        model = Path(str(serve_config.get(cfg, "model.model_path")))
+        found += trainside.check_memory(trainside.count_params(model), bool(serve_config.get(cfg, "model.lora_configs")),
+                                        first.free_mib if first else None, first.total_mib if first else None)  # fmt: skip
+        text = render(found)
+        for line in text.splitlines():
+            self.say(f"  {line}")
+        failed = [f for f in found if f.status == FAIL]
+        if failed:
+            raise UserError(f"preflight failed ({len(failed)} check(s): {', '.join(f.check for f in failed)}); fix them or pass --skip-doctor", 1)
+
+
+def configure(parser) -> None:
+    parser.add_argument("-c", "--config", required=True, help="trinity train config (YAML); write one with `rftstack example-config MODEL --train`")
+    parser.add_argument("--run-dir", help="the run directory (must be new or empty); default ./rftstack-runs/<timestamp>")
+    parser.add_argument("--runs-base", default=rundir.DEFAULT_BASE, help="where run directories are made (default ./rftstack-runs)")
+    parser.add_argument("--ray-address", help="join this Ray head instead of starting one (it is not stopped at exit)")
+    parser.add_argument("--ray-token-path", help="the token file of the head given by --ray-address")
+    parser.add_argument("--num-gpus", type=int, default=None, help="GPUs for the Ray head and the trainer (default: detected)")
+    parser.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks (experts)")
+    parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds trinity gets to stop before SIGKILL (default 60)")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout (events training/checkpoint/exit); progress on stderr")
+
+
+def run(args) -> int:
+    return Train(args).main()

@@ -1,0 +1,120 @@
+"""Two Ray nodes on one GPU host: the head in a network namespace with no GPU (`--num-gpus 0`,
+CUDA_VISIBLE_DEVICES empty), a worker holding the GPU in another; `rftstack serve --ray-address`
+on the head with the user report's config on the tiny model.
+
+Run on the GPU host as root (network namespaces), the stack installed for python3:
+    PYTHONPATH=$PWD/python python3 -m pytest -q tests/gpu/test_cluster_gpu.py
+Skipped without an NVIDIA GPU, without root or without `ip netns`. Checks: the doctor sees the
+worker's GPU and driver and no CUDA mismatch; serve gets ready; the vLLM engine's processes run in
+the worker's namespace and none in the head's; a chat completion answers through the head's
+proxy; SIGINT stops serve (exit 0); stopping the worker and the head leaves no process; GPU memory
+comes back. It prints one JSON line `CLUSTER_GPU {...}` with the timings and where things ran.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ServeRun, rftstack_env, write_report_config
+from gpu_helpers import gpu_memory_used_mib, has_gpu, memory_back_after
+from netns_helpers import PrivateNet, unavailable
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+if not has_gpu():
+    pytest.skip("no NVIDIA GPU here", allow_module_level=True)
+
+
+def titled(net, ns, prefix: bytes) -> list[int]:
+    found = []
+    for pid in net.pids(ns):
+        try:
+            if open(f"/proc/{pid}/cmdline", "rb").read().startswith(prefix):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    baseline = gpu_memory_used_mib()
+    net = PrivateNet(2)
+    temp_dirs: list[str] = []
+    run = None
+    try:
+        (head_ns, head_ip), (worker_ns, worker_ip) = net.nodes
+        env = rftstack_env(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+
+        def cli(ns, *args, extra=None, timeout=600):
+            return subprocess.run(net.cmd(ns, [sys.executable, "-m", "rftstack", *args]), env={**env, **(extra or {})},
+                                  capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+        t0 = time.monotonic()
+        out = cli(head_ns, "ray-head", "--listen", head_ip, "--num-gpus", "0", "--state-dir", str(tmp_path / "head"), "--json",
+                  extra={"CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        head = json.loads(out.stdout)
+        temp_dirs.append(head["temp_dir"])
+        token = tmp_path / "token"
+        shutil.copy(head["token_path"], token)
+        token.chmod(0o600)
+        out = cli(worker_ns, "ray-worker", "--address", head["address"], "--token-file", str(token), "--num-gpus", "1",
+                  "--state-dir", str(tmp_path / "worker"), "--json")  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        worker = json.loads(out.stdout)
+        temp_dirs.append(worker["temp_dir"])
+        t_cluster = time.monotonic() - t0
+
+        cfg = write_report_config(tmp_path / "qwen3b.yaml", tiny_model)
+        out = cli(head_ns, "doctor", "--ray-address", head["address"], "--ray-token-path", head["token_path"], "-c", str(cfg),
+                  "--skip", "config", "--json", extra={"CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+        found = {f["check"]: f for f in json.loads(out.stdout)["findings"]}
+        assert found[f"cluster.node.{worker_ip}"]["status"] == "ok", found[f"cluster.node.{worker_ip}"]
+        assert found["cluster.nodes"]["data"]["gpus_per_node"] == {head_ip: 0, worker_ip: 1}
+        assert found["cluster.model_path"]["status"] == "ok"
+
+        run = ServeRun(["--ray-address", head["address"], "--ray-token-path", head["token_path"], "-c", str(cfg), "--skip-doctor"],
+                       {**env, "CUDA_VISIBLE_DEVICES": ""}, tmp_path, tmp_path / "run", prefix=net.cmd(head_ns, []))  # fmt: skip
+        t1 = time.monotonic()
+        ready = run.wait_event("ready", timeout=1200)
+        assert ready, (run.finish(), run.stderr[-5000:])
+        t_ready = time.monotonic() - t1
+        assert titled(net, worker_ns, b"VLLM::") and not titled(net, head_ns, b"VLLM::")
+        port = run.status()["proxy_port"]
+        chat = (
+            "import json, urllib.request\n"
+            f"base = 'http://127.0.0.1:{port}/v1'\n"
+            "model = json.load(urllib.request.urlopen(base + '/models', timeout=60))['data'][0]['id']\n"
+            "req = urllib.request.Request(base + '/chat/completions', data=json.dumps({'model': model, 'max_tokens': 8, "
+            "'messages': [{'role': 'user', 'content': 'hello'}]}).encode(), headers={'Content-Type': 'application/json'})\n"
+            "print(json.load(urllib.request.urlopen(req, timeout=120))['choices'][0]['message']['content'] is not None)\n"
+        )
+        answer = subprocess.run(net.cmd(head_ns, [sys.executable, "-c", chat]), capture_output=True, text=True, timeout=300)
+        assert answer.returncode == 0 and answer.stdout.strip() == "True", answer.stderr[-3000:]
+        run.proc.send_signal(signal.SIGINT)
+        assert run.finish() == 0, run.stderr[-5000:]
+
+        out = cli(worker_ns, "ray-worker", "stop", "--state-dir", str(tmp_path / "worker"), "--json")
+        assert out.returncode == 0 and net.pids(worker_ns) == [], out.stdout + out.stderr
+        out = cli(head_ns, "ray-head", "stop", "--state-dir", str(tmp_path / "head"), "--json")
+        assert out.returncode == 0 and net.pids(head_ns) == [], out.stdout + out.stderr
+        back = memory_back_after(baseline, 60)
+        assert back is not None, "GPU memory did not come back within 60 s"
+        print("CLUSTER_GPU " + json.dumps({"cluster_up_s": round(t_cluster, 1), "ready_s": round(t_ready, 1), "head": head_ip,
+                                           "worker": worker_ip, "memory_back_s": back}))  # fmt: skip
+    finally:
+        if run is not None:
+            run.kill()
+        net.destroy()
+        for d in temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
