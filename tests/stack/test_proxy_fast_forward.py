@@ -173,3 +173,21 @@ def test_a_bad_switch_value_stops_the_proxy_with_a_sentence(monkeypatch, tmp_pat
     with pytest.raises(RuntimeError, match="the proxy exited") as e:
         proxy(monkeypatch, tmp_path, upstream.base_url, "yes")
     assert f"{VAR} must be 1" in str(e.value)
+
+
+def test_the_session_to_the_engine_as_documented():
+    """docs/serve.md: at most 100 connections (httpx's pool), no cookie jar, bodies left for httpx to decode."""
+    import aiohttp
+
+    from trinity.explorer.proxy import app as app_mod
+
+    async def check() -> None:
+        async with app_mod.lifespan(app_mod.app):
+            session = app_mod.app.state.fast_session
+            assert app_mod.app.state.fast_forward is True
+            assert session.connector.limit == 100
+            assert isinstance(session.cookie_jar, aiohttp.DummyCookieJar)
+            assert session.auto_decompress is False
+        assert session.closed  # closed with the app
+
+    asyncio.run(check())
