@@ -5,7 +5,7 @@ Runs each command --runs times side by side (interleaved, so machine load hits a
 the median wall time of each and the ratio to the `import vllm` baseline. Without --config a tiny
 model and the report's config (with max_model_len) are written to a temporary directory, so the
 `-c` case (which runs Trinity's own validation in a subprocess) is measured too.
-Goal (issue 3): the doctor without -c under 3 s median.
+Goal: the doctor without -c under 3 s median.
 """
 
 from __future__ import annotations

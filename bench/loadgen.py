@@ -118,12 +118,12 @@ def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_token
     }
 
 
-async def _one(session, url: str, body: dict, timeout_s: float) -> dict:
+async def _one(session, url: str, body: dict, timeout_s: float, headers: dict | None = None) -> dict:
     import aiohttp
 
     t0 = time.perf_counter()
     try:
-        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             raw = await resp.read()
             latency = time.perf_counter() - t0
             if resp.status != 200:
@@ -154,8 +154,9 @@ async def run_level(
     level_timeout_s: float = 120.0,
     request_timeout_s: float = 120.0,
     spread: float = 0.0,
+    headers: dict | None = None,
 ) -> dict:
-    """Run one concurrency level; returns :func:`summarise`'s record."""
+    """Run one concurrency level; returns :func:`summarise`'s record. ``headers``: sent with every request."""
     import aiohttp
 
     url = base_url.rstrip("/") + "/v1/chat/completions"
@@ -163,7 +164,7 @@ async def run_level(
     async with aiohttp.ClientSession(connector=connector) as session:
         for i in range(warmup):  # not measured: connection set-up, first-request compiles
             await _one(session, url, request_body(model, prompt_set[i % len(prompt_set)], max_tokens,
-                                                  temperature=temperature, like_proxy=like_proxy), request_timeout_s)
+                                                  temperature=temperature, like_proxy=like_proxy), request_timeout_s, headers)
         records: list[dict] = []
         next_i = 0
         deadline = time.perf_counter() + level_timeout_s
@@ -182,7 +183,7 @@ async def run_level(
                 n = max_tokens_for(i, max_tokens, spread)
                 body = request_body(model, prompt_set[i % len(prompt_set)], n,
                                     temperature=temperature, like_proxy=like_proxy)
-                record = await _one(session, url, body, request_timeout_s)
+                record = await _one(session, url, body, request_timeout_s, headers)
                 record["max_tokens"] = n
                 records.append(record)
 
@@ -224,6 +225,7 @@ async def run(
     requests_for=None,
     progress=None,
     spread: float = 0.0,
+    headers: dict | None = None,
 ) -> dict:
     """Every level in turn against ``base_url``; the whole result as one JSON-ready dict.
 
@@ -241,6 +243,7 @@ async def run(
             "max_tokens_spread": spread, "ignore_eos": True,
             "temperature": temperature, "like_proxy": like_proxy, "warmup": warmup,
             "level_timeout_s": level_timeout_s, "prompts": prompt_count, "prompt_words": prompt_words,
+            "headers": headers or {},
         },
         "machine": {"host": platform.node(), "cpus": os.cpu_count()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -250,7 +253,7 @@ async def run(
         res = await run_level(
             base_url, model, concurrency=c, requests=count(c), max_tokens=max_tokens, prompt_set=ps,
             temperature=temperature, like_proxy=like_proxy, warmup=warmup,
-            level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s, spread=spread,
+            level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s, spread=spread, headers=headers,
         )
         out["levels"].append(res)
         if progress:

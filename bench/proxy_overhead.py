@@ -31,8 +31,16 @@ Variants (``--variants``):
 Every sqlite variant but sqlite-group and sqlite-fast runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e.
 upstream's write path whether or not the patch is installed, and every variant but hop-fast and
 sqlite-fast with RFTSTACK_PROXY_FAST_FORWARD=0, so one run compares them side by side.
-Add ``+quiet`` to a variant (e.g. ``sqlite+quiet``) to run uvicorn without its per-request access
-log (Trinity's `serve_http` keeps uvicorn's default, access log on).
+Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
+  quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
+              default, access log on)
+  h11         uvicorn's h11 protocol instead of httptools (what `--http h11` selects; Trinity's
+              serve_http has no such setting)
+  published   uvicorn's httptools protocol as published, without rftstack's
+              patches/uvicorn-httptools-ignore-upgrade.patch (loaded from the policy's reverse patch)
+  offer       the load generator offers an HTTP/2 upgrade on every request (`Connection: Upgrade,
+              HTTP2-Settings`, `Upgrade: h2c`), as the JDK's default HttpClient does; as published,
+              httptools then drops every body (all requests fail)
 
     python bench/proxy_overhead.py --out bench/results/proxy-cpu.json \\
         [--variants hop,memory,sqlite,sqlite-shm,sqlite-wal,sqlite+quiet] [--concurrency 1,8,32,64] [--requests 400]
@@ -50,7 +58,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,8 +68,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
+from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "hop-fast", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
+FLAGS = ("quiet", "h11", "published", "offer")
+H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
+UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
 FAST_FORWARD_VAR = "RFTSTACK_PROXY_FAST_FORWARD"  # read by the patched app.py
 WARMUP = 8  # unmeasured requests before each level
@@ -83,9 +94,9 @@ def fast_forward_setting(variant: str) -> str:
 
 def variants_problem(variants: list[str]) -> str | None:
     """Why ``--variants`` cannot run (one sentence, without the script's name), or None."""
-    bad = [v for v in variants if v.partition("+")[0] not in VARIANTS or v.partition("+")[2] not in ("", "quiet")]
+    bad = [v for v in variants if v.partition("+")[0] not in VARIANTS or not flags(v) <= set(FLAGS)]
     if bad:
-        return f"unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)} (optionally +quiet)"
+        return f"unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)} (optionally +{'/+'.join(FLAGS)})"
     if any(group_commit_setting(v) == "1" for v in variants) and not group_commit_installed():
         return ("variant sqlite-group needs the group-commit patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-recorder-group-commit.patch)")
@@ -104,6 +115,29 @@ def fast_forward_installed() -> bool:
     return app.is_file() and FAST_FORWARD_VAR in app.read_text()
 
 
+def flags(variant: str) -> set[str]:
+    return {f for f in variant.split("+")[1:] if f}
+
+
+def published_httptools_protocol(workdir: str) -> type:
+    """uvicorn's HttpToolsProtocol as published: the installed module with the policy's patch reversed."""
+    from rftstack.stack import patches, policy
+
+    import uvicorn
+
+    (p,) = [p for p in policy.load().patches if p.file == UPGRADE_PATCH]
+    (fp,) = patches.parse((patches.patches_dir() / p.file).read_text())
+    text = (Path(uvicorn.__file__).parents[1] / fp.path).read_text()
+    if "rftstack patch" in text:
+        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+    path = Path(workdir) / "httptools_impl_published.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("httptools_impl_published", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.HttpToolsProtocol
+
+
 def group_commit_installed() -> bool:
     """Whether the installed Trinity's recorder carries the group-commit patch (read, not imported)."""
     spec = importlib.util.find_spec("trinity")
@@ -111,12 +145,6 @@ def group_commit_installed() -> bool:
         return False
     recorder = Path(spec.origin).parent / "explorer" / "proxy" / "recorder.py"
     return recorder.is_file() and GROUP_COMMIT_VAR in recorder.read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
@@ -128,7 +156,8 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     from trinity.explorer.proxy.recorder import HistoryRecorder, MemoryHistoryRecorder
     from trinity.explorer.proxy.service import ExplorerService
 
-    base, _, flag = variant.partition("+")
+    base = variant.partition("+")[0]
+    flag = flags(variant)
     group_commit = group_commit_setting(variant)
     if group_commit is not None:
         os.environ[GROUP_COMMIT_VAR] = group_commit  # read when HistoryRecorder is made
@@ -187,8 +216,11 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     print(f"READY {port}", flush=True)
     try:
-        if flag == "quiet":
-            asyncio.run(uvicorn.Server(uvicorn.Config(proxy_app.app, host="127.0.0.1", port=port, access_log=False)).serve())
+        if flag & {"quiet", "h11", "published"}:
+            http = "h11" if "h11" in flag else published_httptools_protocol(workdir) if "published" in flag else "auto"
+            config = uvicorn.Config(proxy_app.app, host="127.0.0.1", port=port, access_log="quiet" not in flag, http=http)
+            print(f"HTTP_PROTOCOL {config.http if isinstance(config.http, str) else 'httptools (published)'}", flush=True)
+            asyncio.run(uvicorn.Server(config).serve())
         else:
             asyncio.run(proxy_app.serve_http(proxy_app.app, "127.0.0.1", port))  # as Trinity calls it
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on
@@ -299,9 +331,10 @@ def main(argv: list[str] | None = None) -> int:
               "upstream": "TEST DOUBLE (bench/openai_double.py)", "upstream_delay_s": args.upstream_delay_s,
               "max_tokens_spread": args.spread, "runs": {}}
 
-    def run_load(url: str, label: str) -> dict:
+    def run_load(url: str, label: str, headers: dict | None = None) -> dict:
         return asyncio.run(loadgen.run(url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, label=label,
-                                       warmup=WARMUP, level_timeout_s=120, spread=args.spread, progress=lambda m: print(m, flush=True)))
+                                       warmup=WARMUP, level_timeout_s=120, spread=args.spread, progress=lambda m: print(m, flush=True),
+                                       headers=headers))
 
     double, url = start_double(logs, args.upstream_delay_s)
     try:
@@ -313,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
                 startup = time.monotonic() - t0
                 cpu0 = process_cpu_s(proxy.pid)
-                r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})")
+                r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})", H2C_OFFER if "offer" in flags(v) else None)
                 cpu = process_cpu_s(proxy.pid) - cpu0
                 r["proxy_startup_s"] = round(startup, 2)
             finally:

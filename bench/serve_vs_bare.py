@@ -46,7 +46,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -61,6 +60,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
 from proxy_overhead import FAST_FORWARD_VAR, GROUP_COMMIT_VAR  # noqa: E402
+from rftstack.doctor.netstat import free_port
 
 PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "manual")
 
@@ -75,12 +75,6 @@ MARKERS = {
     "cuda_graphs": r"Graph capturing finished in ([\d.]+) secs",
     "engine_init": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Proc:

@@ -9,7 +9,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,14 +20,9 @@ from fastapi import FastAPI
 
 from rftstack.stack import patches
 from rftstack.stack import policy
+from rftstack.doctor.netstat import free_port
 
 DOUBLES = Path(__file__).resolve().parent / "doubles"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict) -> dict:
@@ -76,6 +70,10 @@ class Proxy:
         con = sqlite3.connect(self.db)
         try:
             return [m for (m,) in con.execute("select msg_id from proxy_history order by id")]
+        except sqlite3.OperationalError as exc:  # a write cancelled before the table was made
+            if "no such table" in str(exc):
+                return []
+            raise
         finally:
             con.close()
 

@@ -80,9 +80,10 @@ in
         version = "0.6.0";
         files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch"
           "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
-          "trinity-proxy-commit-marks.patch" "trinity-proxy-api-key.patch"
-          "trinity-proxy-fast-forward.patch" ];
+          "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-fast-forward.patch"
+          "trinity-proxy-api-key.patch" ];
       };
+      uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
     };
   };
   testPatchCommand = {
@@ -126,7 +127,7 @@ in
         verlEdited = has "dist-info-edit.sh 'py' \"[$]out/lib/site\" 'verl' '0.8.0' --replace 'numpy<2.0.0'" out.verl.postInstall;
         verlNotPatched = !(has "patches.py" out.verl.postInstall);
       };
-      expected = { dists = [ "torch" "trinity-rft" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlNotPatched = true; };
+      expected = { dists = [ "torch" "trinity-rft" "uvicorn" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlNotPatched = true; };
     };
   testQuoting = { expr = policyLib.q "it's"; expected = "'it'\\''s'"; };
   testGlobToEre = { expr = policyLib.globToEre "nvidia-*-cu12"; expected = "nvidia-[A-Za-z0-9._-]*-cu12"; };

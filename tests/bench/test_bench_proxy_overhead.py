@@ -62,3 +62,24 @@ def test_sqlite_and_sqlite_group_side_by_side(tmp_path):
         assert run["levels"][0]["ok"] == 24 and run["recorded_rows"] == 8 + 24
         assert run["proxy_cpu_ms_per_response"] > 0
     assert res["summary"]["sqlite-group"]["8"]["vs_sqlite"] > 0 and "vs_hop" not in res["summary"]["sqlite-group"]["8"]
+
+
+@pytest.mark.slow
+def test_http_protocol_flags_and_the_h2c_offer(tmp_path):
+    """+published / +h11 / +offer: with the offer every request fails on the published httptools
+    protocol (uvicorn #2722: the body is dropped, the proxy answers 400) and none fails on the
+    patched one or on h11."""
+    out = tmp_path / "p.json"
+    variants = "hop+published+offer,hop+offer,hop+h11+offer"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", variants,
+                        "--concurrency", "2", "--requests", "6", "--max-tokens", "3"],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    levels = {v: res["runs"][v]["levels"][0] for v in variants.split(",")}
+    assert levels["hop+published+offer"]["ok"] == 0 and levels["hop+published+offer"]["error_kinds"] == {"http_400": 6}
+    assert levels["hop+offer"]["ok"] == 6 and levels["hop+h11+offer"]["ok"] == 6
+    assert res["runs"]["hop+offer"]["params"]["headers"]["Upgrade"] == "h2c"
+    logs = tmp_path / "p-logs"
+    assert "HTTP_PROTOCOL h11" in (logs / "proxy-hop+h11+offer.log").read_text()
+    assert "HTTP_PROTOCOL httptools (published)" in (logs / "proxy-hop+published+offer.log").read_text()

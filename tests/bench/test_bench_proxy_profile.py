@@ -10,9 +10,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 import proxy_profile as pp
 
-SP = "/work/main/.venv/lib/python3.11/site-packages"
-LIB = "/root/.pyenv/versions/3.11.7/lib/python3.11"
-MAIN = (f"thread (3474): MainThread;<module> (/work/wt-profile/bench/proxy_overhead.py:251);"
+SP = "/srv/app/.venv/lib/python3.11/site-packages"  # a py-spy sample as recorded, paths made neutral
+LIB = "/usr/lib/python3.11"
+MAIN = (f"thread (3474): MainThread;<module> (/srv/app/bench/proxy_overhead.py:251);"
         f"run ({LIB}/asyncio/runners.py:190);BaseEventLoop.run_forever ({LIB}/asyncio/base_events.py:607);"
         f"BaseEventLoop._run_once ({LIB}/asyncio/base_events.py:1922);Handle._run ({LIB}/asyncio/events.py:80)")
 APP = (f"{MAIN};RequestResponseCycle.run_asgi ({SP}/uvicorn/protocols/http/h11_impl.py:410);"

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from rftstack.doctor.netstat import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "silent_gap.py"
@@ -49,14 +49,6 @@ SERVER = textwrap.dedent(
         http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
     """
 )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_finds_the_silent_step_and_what_ran_in_it(tmp_path):

@@ -22,7 +22,6 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 PLATFORM = "manylinux_2_17_x86_64"
 PART_MIB = 0.06  # about 61 KiB: idna's 68 KiB wheel and antlr4's built wheel are chunked
 DEPS = ["six", "idna", "word2number", "antlr4-python3-runtime"]
-SYSTEM_PYTHON = shutil.which("python3")
 
 
 def build_args(lock: Path, out: Path, **kw) -> list[str]:
@@ -48,14 +47,17 @@ def built(tmp_path_factory):
     return lock, out, json.loads((out / "manifest.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def python_with_pip():
-    if SYSTEM_PYTHON is None or subprocess.run([SYSTEM_PYTHON, "-m", "pip", "--version"], capture_output=True).returncode != 0:
-        pytest.skip("needs a python3 with pip and venv")
-    version = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True).stdout.strip()
-    if version != PY:
-        pytest.skip(f"python3 is {version}, the bundle is built for {PY}")
-    return SYSTEM_PYTHON
+@pytest.fixture(scope="session")
+def python_with_pip(tmp_path_factory):
+    """A Python of this version with pip: this one when it has pip, else a venv made from it with
+    `python -m venv` (ensurepip), as under `uv run`, whose .venv has no pip. Never a skip: these are
+    the tests that install a bundle for real."""
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        return sys.executable
+    py = venv(tmp_path_factory.mktemp("pip-python") / "venv", sys.executable)
+    r = subprocess.run([str(py), "-m", "pip", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0, f"`{sys.executable} -m venv` made a venv without pip: {r.stderr}"
+    return str(py)
 
 
 def venv(path: Path, python: str) -> Path:
@@ -146,6 +148,24 @@ def test_tampered_chunk_is_named_and_nothing_installed(built, tmp_path):
     assert f"{path} has sha256 {actual}, the manifest says {chunk['sha256']}" in r.stderr
     assert "Nothing was installed." in r.stderr
     assert not target.exists()
+
+
+def test_chunks_joined_in_the_wrong_order_are_refused_by_the_joined_hash(built, tmp_path):
+    """Every chunk is intact (its own hash is right), only their order in the manifest is swapped:
+    the check of the joined wheel's sha256 is the one that sees it, and nothing is installed."""
+    _, out, m = built
+    wh = copy_bundle(out, tmp_path / "wh")
+    for manifest in wh.rglob("manifest.json"):
+        mm = json.loads(manifest.read_text())
+        entry = next(f for f in mm["files"] if f["dist"] == "idna")
+        entry["chunks"][0], entry["chunks"][1] = entry["chunks"][1], entry["chunks"][0]
+        manifest.write_text(json.dumps(mm))
+    target = tmp_path / "site"
+    r = installer(sys.executable, wh / "install.py", wh, "--target", target, "--ignore-target")
+    assert r.returncode != 0
+    assert f"{entry['name']} joined from its chunks has sha256" in r.stderr and f"the manifest says {entry['sha256']}" in r.stderr
+    assert "every file and chunk is present with the right sha256" in r.stderr  # the per-chunk check passed
+    assert not target.exists() or not any(target.iterdir())
 
 
 def test_missing_part_lists_each_missing_piece(built, tmp_path):
@@ -325,3 +345,9 @@ def test_relative_out_and_cache_build_the_project(built, capsys, tmp_path, monke
     assert rc == 0, err
     files = {f["dist"]: f for f in json.loads((tmp_path / "rel-out" / "manifest.json").read_text())["files"]}
     assert files["bundle-probe"]["source"] == bundle.BUILT_HERE
+
+
+def test_the_gpu_host_package_list_in_the_repo_reads_as_have():
+    """docs/bundle.md builds the GPU host's bundle with `--have tests/gpu/host-packages.txt`."""
+    have = bundle.read_have(REPO / "tests" / "gpu" / "host-packages.txt")
+    assert have["torch"] == "2.11.0" and have["numpy"] == "2.5.2" and len(have) > 150

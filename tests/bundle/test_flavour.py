@@ -229,7 +229,7 @@ def write_policy(path: Path, server: Server, wheels: dict[str, Path], sha_overri
         w = wheels[name]
         sha = (sha_override or {}).get(name) or hashlib.sha256(w.read_bytes()).hexdigest()
         block = re.compile(r'(\[\[cuda12\.artifact\]\]\nname = "' + name + r'"\n(?:.*\n)*?)url = ".*"\nsha256 = ".*"\n')
-        text, n = block.subn(lambda m, w=w, sha=sha: m.group(1) + f'url = "{server.url}/{quote(w.name)}"\nsha256 = "{sha}"\n', text, count=1)
+        text, n = block.subn(lambda m, w=w, sha=sha: m.group(1) + f'url = "{server.url}/{quote(w.name)}"\nsha256 = "{sha}"\n', text, count=1)  # type: ignore[misc]
         assert n == 1, name
     text = text.replace('python = "cp312"', f'python = "{TAG}"')
     path.write_text(text)

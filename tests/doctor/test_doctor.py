@@ -22,6 +22,7 @@ from rftstack.doctor.checks import config as config_check
 from rftstack.doctor.checks import gpu, model, network, rlloop, vllm_api
 from rftstack.doctor.checks import ray_cluster as ray
 from rftstack.findings import FAIL, INFO, OK, WARN
+from rftstack.doctor.netstat import free_port
 
 PKG_PARENT = str(Path(rftstack.__file__).resolve().parent.parent)
 RTX_5880 = gpu.Gpu("NVIDIA RTX 5880 Ada Generation", (8, 9), 49140, 48610)
@@ -225,7 +226,7 @@ def test_ray_cluster_file_and_address(tmp_path, listening):
     addr, src = ray.find_address(env)
     ok, why = ray.reachable(addr)
     assert ok and ray.check(addr, src, ok)[0].status == OK
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); dead = s.getsockname()[1]; s.close()
+    dead = free_port()  # nothing listens there once it is returned
     (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{dead}\n")
     addr, src = ray.find_address(env)
     ok, why = ray.reachable(addr)

@@ -9,13 +9,11 @@ from rftstack.stack import policy
 from rftstack.doctor.checks import pyenv
 from rftstack.findings import FAIL, OK, WARN
 
-VENV_PY = "/work/main/.venv/bin/python"
-
 
 def _dist(site, name, version, requires=()):
     di = site / f"{name.replace('-', '_')}-{version}.dist-info"
     di.mkdir()
-    lines = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [f"Requires-Dist: {r}" for r in requires]
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [f"Requires-Dist: {r}" for r in requires]
     (di / "METADATA").write_text("\n".join(lines) + "\n")
 
 

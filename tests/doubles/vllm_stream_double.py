@@ -5,7 +5,8 @@ What is real: the HTTP server stack vLLM uses (FastAPI + uvicorn, `StreamingResp
 ``text/event-stream``, chunked transfer encoding) and vLLM's own protocol classes
 (`ChatCompletionStreamResponse`, `ChatCompletionResponseStreamChoice`, `DeltaMessage`,
 `ChatCompletionLogProbs`, `UsageInfo`, serialized with ``model_dump_json(exclude_unset=True)`` as
-`OpenAIServingChat.chat_completion_stream_generator` does). What stands in: the engine, so the
+`OpenAIServingChat.chat_completion_stream_generator` does), and vLLM's own media-type check of the
+chat route (`validate_json_request`) with its `validation_exception_handler`. What stands in: the engine, so the
 tokens and logprobs are a deterministic function of the request (`planned`).
 
 The stream, as vLLM emits it for ``return_token_ids: true, logprobs: true`` (top_logprobs 0):
@@ -94,15 +95,28 @@ class VLLMStreamDouble:
         self.token_delay_s = token_delay_s
         self.sent: dict[str, dict] = {}
         self.bodies: list[dict] = []
+        self.headers: list[dict] = []  # the request headers of each chat completion, as received
         app = FastAPI()
         double = self
+        # vLLM 0.23's own request checks and their error answers: only application/json is accepted
+        # (validate_json_request), refusals come from its validation_exception_handler
+        from types import SimpleNamespace
+
+        from fastapi import Depends
+        from fastapi.exceptions import RequestValidationError
+        from vllm.entrypoints.serve.utils.api_utils import validate_json_request
+        from vllm.entrypoints.serve.utils.server_utils import validation_exception_handler
+
+        app.state.args = SimpleNamespace(log_error_stack=False)
+        app.exception_handler(RequestValidationError)(validation_exception_handler)
 
         @app.get("/v1/models")
         async def models():
             return JSONResponse({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
 
-        @app.post("/v1/chat/completions")
+        @app.post("/v1/chat/completions", dependencies=[Depends(validate_json_request)])
         async def chat(request: Request):
+            double.headers.append(dict(request.headers))
             body = await request.json()
             double.bodies.append(body)
             request_id = f"chatcmpl-{uuid.uuid4().hex[:16]}"

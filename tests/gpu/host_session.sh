@@ -7,23 +7,23 @@
 # Started detached so that it outlives one call of a time-limited remote shell; later calls only
 # collect $LOGS. Never stop it with `pkill -f host_session.sh` from a remote shell whose own command
 # line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
-#   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve (issue 6)
+#   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
-#   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL (8)
+#   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL
 #   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
-#   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve (7)
-#   qwen3b     the same on the Qwen2.5-3B-shaped model (7)
+#   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve
+#   qwen3b     the same on the Qwen2.5-3B-shaped model
 #   qwen3b-nogroup  the same with RFTSTACK_RECORDER_GROUP_COMMIT=0 (upstream's recorder write path), for
-#              the group-commit patch's effect on the GPU side by side with `qwen3b` (7)
+#              the group-commit patch's effect on the GPU side by side with `qwen3b`
 #   proxy3b    the 3B shape: bare, trinity (group commit) and trinity-nogroup in one run, 8 rounds per
-#              level, plus c=32,64 with output lengths spread over 16..112 tokens (7)
+#              level, plus c=32,64 with output lengths spread over 16..112 tokens
 #   proxy3b-ff the 3B shape: bare, trinity (fast forward + group commit, the defaults) and trinity-noff
-#              (RFTSTACK_PROXY_FAST_FORWARD=0) in one run, 8 rounds per level, plus c=32,64 spread (7)
-#   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run (7)
+#              (RFTSTACK_PROXY_FAST_FORWARD=0) in one run, 8 rounds per level, plus c=32,64 spread
+#   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model (run it after qwen3b, whose runs warm the caches)
-#   default    tests/gpu/test_serve_gpu.py          the embedded default (6)
+#   default    tests/gpu/test_serve_gpu.py          the embedded default
 #   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
-#              the start-up's silent intervals (the unlogged gap after "init engine", 7)
+#              the start-up's silent intervals (the unlogged gap after "init engine")
 #   gap-trinity  the same on `rftstack serve` (Ray workers inherit the sampler through the head)
 # Needs: the locked stack installed for python3 (rftstack bundle install), no network.
 set -u

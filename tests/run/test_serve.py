@@ -7,12 +7,15 @@ import os
 import shutil
 import time
 import signal
+import sys
 
 import pytest
 
 from rftstack.doctor import netstat
 from rftstack.run import serve
 from rftstack.run import supervisor
+
+from helpers import FAKE_TRINITY, rftstack_env, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +37,63 @@ def assert_nothing_left(run):
         assert supervisor.tagged(tag) == [], f"processes of {tag} left behind"
 
 
+def test_serve_puts_back_the_signal_handlers_it_replaced(tmp_path):
+    """serve handles SIGINT/SIGTERM itself while it runs, and the caller's handlers are back after it
+    returns (here: a config that cannot be read, exit 2, after the run directory was made)."""
+    code = """
+        import signal, sys
+        from rftstack import cli
+        def mine(signum, frame):
+            pass
+        signal.signal(signal.SIGINT, mine)
+        signal.signal(signal.SIGTERM, mine)
+        rc = cli.main(["serve", "-c", sys.argv[1], "--run-dir", sys.argv[2], "--skip-doctor"])
+        print(rc, signal.getsignal(signal.SIGINT) is mine, signal.getsignal(signal.SIGTERM) is mine)
+    """
+    r = run_python(code, str(tmp_path / "absent.yaml"), str(tmp_path / "run"), timeout=120)
+    assert r.stdout.split()[-3:] == ["2", "True", "True"], r.stdout + r.stderr
+    assert (tmp_path / "run" / "status.json").is_file()
+
+
+PHASE_RECORDER = """
+    import json, os, signal, sys, threading
+    from rftstack import cli
+    from rftstack.run import rundir
+    seen = []
+    update = rundir.Status.update
+    def record(self, **fields):
+        phase = fields.get("phase")
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+            if phase == "ready":
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return update(self, **fields)
+    rundir.Status.update = record
+    rc = cli.main(sys.argv[1:])
+    print(json.dumps({"rc": rc, "phases": seen}))
+"""
+
+
+def test_status_goes_through_every_phase_in_order(tmp_path, session_head):
+    """status.json's phase takes every value of docs/serve.md's table, in order, for a serve that gets
+    ready and is stopped by SIGINT (recorded inside the serve process as each update is written)."""
+    env = rftstack_env(RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}", FAKE_TRINITY="",
+                       FAKE_TRINITY_PIDS=str(tmp_path / "fake-pids.json"), XDG_CACHE_HOME=str(tmp_path / "cache"))  # fmt: skip
+    r = run_python(PHASE_RECORDER, "serve", *join(session_head), "-c", write_config(tmp_path), "--run-dir", str(tmp_path / "run"),
+                   env=env, timeout=240)  # fmt: skip
+    assert r.stdout.strip(), r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out == {"rc": 0, "phases": ["preflight", "ray", "config", "trinity", "loading", "ready", "stopping", "stopped"]}, r.stdout + r.stderr
+    # what the README shows of a serve that works
+    assert "READY after " in r.stdout and ": OpenAI endpoint http://127.0.0.1:" in r.stdout and "try: curl -s http://127.0.0.1:" in r.stdout
+
+
 def test_choose_port():
     taken = {8010, 9000}
-    free = lambda: 12345
+
+    def free() -> int:
+        return 12345
+
     assert serve.choose_port(None, None, taken.__contains__, free) == (12345, "trinity's default 8010 is in use; a free port")
     assert serve.choose_port(None, 9100, taken.__contains__, free)[0] == 9100
     assert serve.choose_port(0, 9100, taken.__contains__, free)[0] == 12345

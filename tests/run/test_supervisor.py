@@ -96,3 +96,66 @@ def test_hurry_ends_the_grace_periods():
     finally:
         supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
         proc.wait(timeout=10)
+
+
+RETITLED = r"""
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); print(flush=True); time.sleep(300)"],
+    stdout=subprocess.PIPE)
+child.stdout.readline()  # retitled now
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_retitled_child_whose_environment_hides_the_tag_is_found_through_its_parent():
+    """setproctitle (vLLM's VLLM::EngineCore, VLLM::Worker) overwrites what /proc/PID/environ shows,
+    so the child's own tag cannot be read: it is found as a descendant of its tagged parent."""
+    tag = f"t-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-c", RETITLED], env={**os.environ, supervisor.TAG_VAR: tag},
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        child = int(proc.stdout.readline())
+        assert not supervisor.has_tag(child, tag), "the title should hide the child's environment"
+        assert supervisor.has_tag(proc.pid, tag)
+        assert child in {p.pid for p in supervisor.tagged(tag)}
+        assert supervisor.engine_processes(tag) == {child: "VLLM::EngineCore"}
+    finally:
+        supervisor.stop(tag=tag, pgid=proc.pid, first=signal.SIGKILL, grace_s=5)
+        proc.wait(timeout=10)
+
+
+ESCAPEE = r"""
+import signal, subprocess, sys, time
+code = ("import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "def term(signum, frame):\n"
+        "    open(sys.argv[1], 'w').write(signal.Signals(signum).name)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print(flush=True)\n"
+        "time.sleep(300)\n")
+esc = subprocess.Popen([sys.executable, "-c", code, sys.argv[1]], start_new_session=True, stdout=subprocess.PIPE)
+esc.stdout.readline()  # its handlers are set
+print(esc.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_an_escaped_process_gets_sigterm_before_sigkill(tmp_path):
+    """The leader dies of the first signal; a tagged process in its own session ignores SIGINT and
+    must get SIGTERM (a chance to clean up) once the leader is gone, not SIGKILL."""
+    tag = f"t-{uuid.uuid4().hex}"
+    got = tmp_path / "escapee-got"
+    proc = subprocess.Popen([sys.executable, "-c", ESCAPEE, str(got)], env={**os.environ, supervisor.TAG_VAR: tag},
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        escapee = int(proc.stdout.readline())
+        res = supervisor.stop(tag=tag, pgid=proc.pid, first=signal.SIGINT, grace_s=20, term_s=20, keep_reaping=[proc.pid], leader=proc.pid)
+        assert res.signals == ["SIGINT", "SIGTERM"] and res.left == []
+        assert got.read_text() == "SIGTERM"
+        assert not supervisor.alive(escapee)
+    finally:
+        supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
+        proc.wait(timeout=10)

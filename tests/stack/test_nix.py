@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from helpers import REPO
 from nix_helpers import nix_env
 

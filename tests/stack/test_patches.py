@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 import torch
+import uvicorn_helpers
 
 from rftstack.stack import patches
 from rftstack.stack import policy
 
-from patch_helpers import add_trinity, trinity_patches
+from patch_helpers import add_trinity
 
 TORCH = Path(torch.__file__).parent
 SITE = TORCH.parent
@@ -37,6 +38,7 @@ def site(tmp_path):
     line = next(l for l in (real_info / "RECORD").read_text().splitlines() if l.startswith(REL + ","))
     (info / "RECORD").write_text(f"torch/__init__.py,,\n{line}\n")
     add_trinity(tmp_path)
+    uvicorn_helpers.add_uvicorn(tmp_path)
     return tmp_path
 
 
@@ -53,7 +55,7 @@ def apply(site, **over):
 
 
 def test_policy_names_the_patch_with_its_hash():
-    for p in [the_patch(), *trinity_patches()]:
+    for p in policy.load().patches:
         assert patches.sha256(patches.patches_dir() / p.file) == p.sha256
         assert p.why
 
@@ -64,7 +66,7 @@ def test_apply_is_strict_idempotent_and_updates_record(site):
     after = (site / REL).read_text()
     assert "_loopback_listen_fd" in after and after != before
     record = next(site.glob("torch-*.dist-info/RECORD")).read_text()
-    assert patches._record_hash(after.encode()) in record
+    assert patches.record_hash(after.encode()) in record
     assert apply(site) == [(REL, "already applied")]
     assert (site / REL).read_text() == after
 
@@ -137,8 +139,10 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-reload-wait.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-proxy-commit-marks.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-proxy-commit-marks.patch: trinity/explorer/proxy/recorder.py: applied",
-        "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-request-hygiene.patch: trinity/explorer/proxy/app.py: applied",
+        "uvicorn-httptools-ignore-upgrade.patch: uvicorn/protocols/http/httptools_impl.py: applied",
         "trinity-proxy-fast-forward.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
@@ -163,3 +167,44 @@ def test_reversed_patch_restores_the_original(site):
     for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
         text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
     assert text == original
+
+
+TWO_HUNKS = """--- a/pkg/m.py
++++ b/pkg/m.py
+@@ -2,3 +2,3 @@
+ a = 1
+-b = 2
++b = 20
+ c = 3
+@@ -12,3 +12,3 @@
+ x = 1
+-y = 2
++y = 20
+ z = 3
+"""
+
+
+def _module(*, first: str = "b = 2", second: str = "y = 2") -> str:
+    pad = [f"# line {i}" for i in range(6)]
+    return "\n".join(["# m.py", "a = 1", first, "c = 3", *pad, "", "x = 1", second, "z = 3", ""])
+
+
+def test_a_context_that_matches_twice_away_from_its_line_is_refused():
+    """A hunk whose lines are not at the stated line and occur more than once elsewhere could go to
+    either place: refused rather than guessed."""
+    (fp,) = patches.parse(TWO_HUNKS)
+    text = _module()
+    assert patches.apply_text(text, fp)[1] == "applied"
+    block = "x = 1\ny = 2\nz = 3"
+    moved = text.replace(block, "# gone").replace("# line 0", block + "\n# line 0").replace("# line 3", block + "\n# line 3")
+    with pytest.raises(patches.PatchError, match="matches neither"):
+        patches.apply_text(moved, fp)
+
+
+def test_a_half_patched_file_is_refused():
+    """One hunk applied and the other not (an interrupted or hand-edited install): refused, never
+    completed, since the file is neither the version the patch was made for nor the patched one."""
+    (fp,) = patches.parse(TWO_HUNKS)
+    assert patches.apply_text(_module(first="b = 20", second="y = 20"), fp)[1] == "already applied"
+    with pytest.raises(patches.PatchError, match="partly patched already"):
+        patches.apply_text(_module(first="b = 20"), fp)

@@ -89,7 +89,8 @@ def answers(tmp_path_factory):
 
 def test_chat_bad_requests_are_4xx_with_a_sentence(answers):
     got, service, db = answers[True]
-    assert got[0][0] == 400 and json.loads(got[0][1])["detail"].startswith("Invalid JSON: Expecting property name enclosed in double quotes")
+    # trinity-proxy-request-hygiene.patch: one error in OpenAI's shape (it was FastAPI's {"detail": "Invalid JSON: ..."})
+    assert got[0][0] == 400 and json.loads(got[0][1])["error"]["message"].startswith("the request body is not valid JSON (Expecting property name enclosed in double quotes")
     assert got[1] == (404, json.dumps({"error": {"message": "The model `nope` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}}, separators=(",", ":")))
     assert got[2][0] == 400 and json.loads(got[2][1])["error"]["message"].endswith("cannot be greater than max_model_len=max_total_tokens=2048. Please request fewer output tokens.")
     assert got[3][0] == 200

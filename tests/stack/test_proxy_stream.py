@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import shutil
+import time
+import urllib.request
 
 import pytest
 
 
+from doubles.vllm_stream_double import VLLMStreamDouble
 from proxy_helpers import Proxy, post
 
 
@@ -102,3 +106,47 @@ def test_patched_sixteen_concurrent_streams_sixteen_rows(patched, double):
     commits = patched.commits_by_id()
     for rid in ids:
         assert commits[rid]["token_ids"] == double.sent[rid]["token_ids"] and commits[rid]["reward"] == 1.0
+
+
+SHIELD = "with anyio.CancelScope(shield=True):"
+
+
+@pytest.mark.parametrize("shielded", [True, False], ids=["patched", "patched-without-its-shields"])
+def test_a_client_that_leaves_mid_stream_still_yields_its_partial_experience(patched_site, tmp_path, shielded):
+    """docs/serve.md: a client that leaves mid-stream still yields its partial experience. Starlette
+    cancels the proxy's response generator when the client goes; the patch's shielded cancel scopes
+    let the `finally` record what was streamed so far. The second case takes the shields out of the
+    patched app.py and expects the record to be lost, which shows the shields are what keep it."""
+    site = patched_site
+    if not shielded:
+        site = tmp_path / "site"
+        shutil.copytree(patched_site, site)
+        app = site / "trinity/explorer/proxy/app.py"
+        text = app.read_text()
+        assert text.count(SHIELD) == 2
+        app.write_text(text.replace(SHIELD, "if True:"))
+    with VLLMStreamDouble(token_delay_s=0.2) as slow:
+        px = Proxy(slow.base_url, tmp_path / "proxy", site)
+        try:
+            body = {"model": "m", "messages": [{"role": "user", "content": "leave early"}], "max_tokens": 40, "stream": True}
+            req = urllib.request.Request(px.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                got = [resp.readline() for _ in range(6)]  # a few events of a 40-token, 8 s stream
+            assert any(line.startswith(b"data: {") for line in got) and not any(b"[DONE]" in line for line in got)
+            (rid,) = slow.sent  # the one request upstream saw
+            end = time.monotonic() + 20
+            while rid not in px.rows() and time.monotonic() < end:
+                time.sleep(0.2)
+            rows = px.settled_rows(1 if shielded else 0)
+            if not shielded:
+                assert rows == [], "recorded without the shields: the client's leaving cancelled nothing"
+                return
+            assert rows == [rid]
+            assert post(px.base + "/feedback", {"reward": 1.0, "msg_ids": [rid], "task_id": "t", "run_id": 0})["status"] == "success"
+            assert post(px.base + "/commit", {})["status"] == "success"
+            kept, sent = px.commits_by_id()[rid]["token_ids"], slow.sent[rid]["token_ids"]
+            assert 0 < len(kept) < len(sent) and kept == sent[: len(kept)]  # the part streamed before the client left
+            assert "Failed to record" not in px.log.read_text()
+        finally:
+            px.stop()

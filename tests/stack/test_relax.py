@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import email.parser
 import hashlib
 import io
 import os
@@ -58,11 +59,15 @@ def site(tmp_path, published_wheels) -> Path:
                 z.extractall(site)
             else:
                 z.extractall(site, [n for n in z.namelist() if ".dist-info/" in n.split("/", 1)[0] + "/"])
+    uvicorn_helpers.add_uvicorn(site)  # the policy patches uvicorn's httptools protocol too
     return site
 
 
 def _requires(dist_info: Path) -> list[str]:
-    return [l.split(":", 1)[1].strip() for l in (dist_info / "METADATA").read_text().splitlines() if l.startswith("Requires-Dist:")]
+    """Requires-Dist of METADATA's header only: the description after the first blank line is free text
+    (a README may quote a `Requires-Dist:` line) and is not what pip reads."""
+    header = email.parser.HeaderParser().parsestr((dist_info / "METADATA").read_text())
+    return [v.strip() for v in header.get_all("Requires-Dist", [])]
 
 
 def _record_entry(dist_info: Path) -> list[str]:
@@ -82,6 +87,20 @@ def test_relax_rewrites_metadata_and_record(site):
         data = (d / "METADATA").read_bytes()
         digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         assert _record_entry(d)[1:] == [digest, str(len(data))]
+
+
+def test_relax_reads_and_writes_only_the_metadata_header(site):
+    """A description that quotes `Requires-Dist:` lines is free text: relax neither relaxes those nor
+    adds after them (and `_requires` above does not count them)."""
+    quoted = "Requires-Dist: numpy<2.0.0\nRequires-Dist: quoted-in-the-readme\n"
+    for d in ("verl-0.8.0.dist-info", "trinity_rft-0.6.0.dist-info"):
+        meta = site / d / "METADATA"
+        meta.write_text(meta.read_text().rstrip("\n") + "\n\n" + quoted)
+    relax.relax([site], policy.load())
+    for d in ("verl-0.8.0.dist-info", "trinity_rft-0.6.0.dist-info"):
+        assert (site / d / "METADATA").read_text().endswith("\n\n" + quoted)
+    assert "numpy<2.4,>=2" in _requires(site / "verl-0.8.0.dist-info")
+    assert "greenlet>=3" in _requires(site / "trinity_rft-0.6.0.dist-info")
 
 
 def test_relaxed_metadata_satisfies_pip_requirement_logic(site):
@@ -178,6 +197,7 @@ def test_standalone_script_runs_on_a_bare_python(torch_site, tmp_path):
 # --- [[patch]]: relax applies the policy's source patches too ----------------------------------
 
 from patch_helpers import TORCH_REL, add_torch
+import uvicorn_helpers
 from patch_helpers import torch_patch as _torch_patch
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rftstack.bundle import fetch
 from rftstack.stack import lockfile, policy, relax
-from rftstack.stack.flavours import CUDA12, GROUP, installed_flavour, is_cuda13_only
+from rftstack.stack.flavours import CUDA12, GROUP, installed_flavour, is_cuda13_only  # noqa: F401 - installed_flavour re-exported
 from rftstack.errors import UserError
 from rftstack.bundle.progress import Progress, human_bytes
 

@@ -2,7 +2,8 @@
 
 Standard library only, and no import of rftstack: `rftstack bundle build` copies this file
 verbatim into every bundle part as `install.py`, to be run by the target's bare Python (which
-only needs pip). `rftstack bundle install` and `rftstack bundle verify` run the same code.
+only needs pip). `rftstack bundle install` and `rftstack bundle verify` run the same code. So it
+keeps its own copies of helpers the package has elsewhere (sha256 of a file, name canonicalisation).
 
     python3 /tmp/wh/part-000/install.py                     # finds the sibling part-NNN dirs
     python3 install.py --parts /tmp/wh/part-000 /tmp/wh/part-001 ...

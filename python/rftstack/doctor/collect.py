@@ -27,7 +27,7 @@ CHECKS: dict[str, str] = {
     "gpu": "NVIDIA driver, highest CUDA it runs, GPUs and their memory",
     "elf": "CUDA major of torch/vllm/flashinfer/nvidia binaries (ELF DT_NEEDED) against the driver",
     "toolchain": "ptxas (Triton) and nvcc (FlashInfer JIT) against the driver",
-    "pyenv": "installed requirements (pip check) against the relaxation policy",
+    "pyenv": "installed requirements (pip check) and source patches against the policy",
     "vllm-api": "the vLLM APIs Trinity's serve path needs (source read with ast)",
     "config": "-c CONFIG read, then validated by Trinity's own code in a subprocess",
     "rl-loop": "whether the served model can ever pick up a new checkpoint",
@@ -83,7 +83,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     from rftstack.doctor import netstat
     from rftstack.stack import policy as policy_mod
     from rftstack.doctor.checks import config as config_check
-    from rftstack.doctor.checks import elf, gpu, model, network, pyenv, ray_cluster, rlloop, toolchain, values, vllm_api
+    from rftstack.doctor.checks import elf, gpu, model, network, policy_patches, pyenv, ray_cluster, rlloop, toolchain, values, vllm_api
 
     skip = set(skip)
     unknown = skip - set(CHECKS)
@@ -109,6 +109,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         toolchain.find_nvcc(env), max_cuda, env))
     if policy is not None:
         run("pyenv", lambda: pyenv.check(pyenv.installed(), policy, **pyenv.context()))
+        run("pyenv", lambda: policy_patches.check(policy_patches.plans(policy), policy))
     vllm_root = vllm_api.package_dir("vllm")
     trinity_root = vllm_api.package_dir("trinity")
     run("vllm-api", lambda: vllm_api.check(trinity_root, vllm_root, vllm_version))

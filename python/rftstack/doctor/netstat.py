@@ -84,3 +84,22 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something already listens on ``port`` at ``host`` or at a wildcard address."""
     wild = {"0.0.0.0", "::", host}
     return any(l.port == port and (l.address in wild or l.loopback and ipaddress.ip_address(host).is_loopback) for l in listeners())
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free on ``host`` right now (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """One port free on ``host`` right now."""
+    return free_ports(1, host)[0]

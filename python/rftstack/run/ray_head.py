@@ -34,7 +34,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ import time
 import uuid
 from pathlib import Path
 
+from rftstack.doctor.netstat import free_ports
 from rftstack.run import supervisor
 from rftstack.errors import UserError
 
@@ -59,20 +59,6 @@ PORT_NAMES = (
     "dashboard_metrics",
     "autoscaler_metrics",
 )
-
-
-def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
-    """``n`` distinct ports free on ``host`` right now (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def gpu_count(cuda_visible_devices: str | None, smi_lines: list[str] | None) -> int:

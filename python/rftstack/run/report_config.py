@@ -1,4 +1,4 @@
-"""The serve config of the user report (shared/seeds/000), as one function.
+"""The serve config of the user report (docs/problems.md), as one function.
 
 This is the shape rftstack is built for: `mode: serve`, a local model directory, one vLLM engine
 with the OpenAI API on, `gpu_memory_utilization: 0.60`, and `sync_method: nccl` written in the file

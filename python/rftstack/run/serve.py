@@ -8,6 +8,7 @@ Ray, and every process carrying this serve's tags is gone before the command ret
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -170,7 +171,44 @@ class HeadStarter:
         return self.head
 
 
+class Stop(Exception):
+    """The serve ends before its supervision loop does: why, and the exit code."""
+
+    def __init__(self, reason: str, code: int):
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the serve decided before Ray (the preflight checks the config made from it)."""
+
+    user_cfg: dict
+    port: int
+    port_why: str
+    model_max_len: int | None
+    preflight_cfg: dict
+    token_path: str | None  # the joined head's token file (--ray-address only)
+    key_file: Path | None = None  # --expose: the proxy's API key file
+    proxy_env: dict[str, str] = dataclasses.field(default_factory=dict)  # what the proxy reads from the head's environment
+
+
+@dataclasses.dataclass
+class Launch:
+    """What trinity runs with."""
+
+    cfg: dict
+    env: dict
+    port: int
+    listen_address: str
+    base_url: str
+    api_key: str | None
+
+
 class Serve:
+    """One method per phase of docs/serve.md (preflight, ray, config, trinity/loading, ready,
+    stopping); each gets what it needs from the one before as arguments."""
+
     def __init__(self, args):
         self.args = args
         self.run: rundir.RunDir | None = None
@@ -205,14 +243,29 @@ class Serve:
         # only record it: printing here could re-enter a write the main thread is in the middle of
         self.signals.append(signal.Signals(signum).name)
 
-    # -- main
+    def _interrupted(self) -> bool:
+        return bool(self.signals)
+
+    def _stop_if_interrupted(self, reason: str = "stopped by signal") -> None:
+        if self._interrupted():
+            raise Stop(reason, 0)
+
+    # -- main: the phases in order, then the teardown whatever happened
     def main(self) -> int:
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._main()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _main(self) -> int:
         supervisor.set_subreaper()
         reason, code = "crashed (a bug in rftstack: see the traceback)", 70
         try:
             reason, code = self._serve()
+        except Stop as stop:
+            reason, code = stop.reason, stop.code
         except UserError as exc:
             reason, code = str(exc), exc.exit_code
             if self.run is None:
@@ -229,21 +282,33 @@ class Serve:
             self.event("exit", code=code, reason=reason, run_dir=str(self.run.root))
         return code
 
-    def _interrupted(self) -> bool:
-        return bool(self.signals)
-
     def _serve(self) -> tuple[str, int]:
+        user_cfg = self._open_run()
+        self._stop_if_interrupted()
+        plan = self._plan(user_cfg)
+        self._preflight_and_head(plan)
+        self._stop_if_interrupted()
+        ray_env, ray_address = self._ray(plan)
+        self._stop_if_interrupted()
+        launch = self._config(plan, ray_env, ray_address)
+        self._start_trinity(launch)
+        model = self._wait_ready(launch)
+        self._ready(launch, model)
+        return self._supervise()
+
+    # -- the run directory and the user's config
+    def _open_run(self) -> dict:
         args = self.args
         self.run = rundir.create(args.run_dir, base=args.runs_base)
         self.serve_log = rundir.RotatingLog(self.run.log("serve.log"))
         self.status = rundir.Status(self.run.status, run_dir=str(self.run.root), supervisor_pid=os.getpid(), tag=self.tag)
         self.say(f"run directory {self.run.root}")
-
         user_cfg, _ = self._user_config()
-        if self._interrupted():
-            return "stopped by signal", 0
+        return user_cfg
 
-        # -- decisions that do not need Ray; the preflight checks the config trinity will run
+    # -- decisions that do not need Ray; the preflight checks the config trinity will run
+    def _plan(self, user_cfg: dict) -> Plan:
+        args = self.args
         port, port_why = choose_port(
             args.port,
             serve_config.get(user_cfg, "explorer.proxy_port"),
@@ -252,110 +317,114 @@ class Serve:
         )
         model_path = serve_config.get(user_cfg, "model.model_path")
         max_len = model_max_len(model_path) if isinstance(model_path, str) else None
-
-        def make(ray_address: str):
-            return serve_config.effective(user_cfg, run_dir=str(self.run.root), ray_address=ray_address,
-                                          proxy_port=port, expose=args.expose, model_max_len=max_len)  # fmt: skip
-
-        pre, _ = make(args.ray_address or "auto")
+        plan = Plan(user_cfg, port, port_why, max_len, preflight_cfg={}, token_path=None)
+        plan.preflight_cfg, _ = self._effective(plan, args.ray_address or "auto")
         apikey.check_tls(args.tls_cert, args.tls_key)
-        key_file = None
         if args.expose:
             if args.ray_address:
                 raise UserError("--expose needs this serve's own Ray head (the proxy learns its API key from the head's environment); leave out --ray-address")
-            key_file, key, made = apikey.ensure(serve_config.job_dir(pre))
-            self._announce_key(key_file, key, made, port)
-        proxy_env = apikey.proxy_env(key_file, args.tls_cert, args.tls_key)
-        if proxy_env and args.ray_address:
+            plan.key_file, key, made = apikey.ensure(serve_config.job_dir(plan.preflight_cfg))
+            self._announce_key(plan.key_file, key, made, port)
+        plan.proxy_env = apikey.proxy_env(plan.key_file, args.tls_cert, args.tls_key)
+        if plan.proxy_env and args.ray_address:
             raise UserError("--tls-cert needs this serve's own Ray head (the proxy reads it from the head's environment); leave out --ray-address")
-        preflight = self.run.root / "config.preflight.yaml"
-        rundir.write_atomic(preflight, yaml.safe_dump(pre, sort_keys=False))
+        rundir.write_atomic(self.run.root / "config.preflight.yaml", yaml.safe_dump(plan.preflight_cfg, sort_keys=False))
         if args.ray_address:
-            token = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
-            if not token:
+            plan.token_path = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            if not plan.token_path:
                 raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
+        return plan
+
+    def _effective(self, plan: Plan, ray_address: str):
+        return serve_config.effective(plan.user_cfg, run_dir=str(self.run.root), ray_address=ray_address,
+                                      proxy_port=plan.port, expose=self.args.expose, model_max_len=plan.model_max_len)  # fmt: skip
+
+    # -- phase preflight (with an own Ray head starting meanwhile)
+    def _preflight_and_head(self, plan: Plan) -> None:
+        preflight = str(self.run.root / "config.preflight.yaml")
+        if self.args.ray_address:
             self._preflight(None)
-            self._preflight(str(preflight))
+            self._preflight(preflight)
         else:
             # the machine first (a second or two; nothing is started for a machine that cannot
             # serve), then an own head starts while the config checks run (both take seconds;
             # neither needs the other): the teardown stops the head if they fail
             self._preflight(None)
-            with HeadStarter(self, args.num_gpus, proxy_env) as starter:
-                self._preflight(str(preflight))
+            with HeadStarter(self, self.args.num_gpus, plan.proxy_env) as starter:
+                self._preflight(preflight)
             self.head = starter.result()
-        guard_checkpoints(serve_config.job_dir(pre))
-        if self._interrupted():
-            return "stopped by signal", 0
+        guard_checkpoints(serve_config.job_dir(plan.preflight_cfg))
 
-        # -- Ray
+    # -- phase ray
+    def _ray(self, plan: Plan) -> tuple[dict, str]:
         self.phase("ray")
-        if args.ray_address:
-            ray_env = ray_head.client_env(args.ray_address, str(Path(token).absolute()))
-            ray_address = args.ray_address
-            self.say(f"joining the Ray head at {ray_address} (not started here, not stopped here)")
-        else:
-            (self.run.root / "ray").symlink_to(self.head.temp_dir)
-            ray_env, ray_address = self.head.env(), self.head.address
-            self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": self.head.dashboard_url,
-                                   "pids": [p.pid for p in self.head.processes()], "tag": self.head.tag})  # fmt: skip
-        if self._interrupted():
-            return "stopped by signal", 0
+        if self.args.ray_address:
+            ray_env = ray_head.client_env(self.args.ray_address, str(Path(plan.token_path).absolute()))
+            self.say(f"joining the Ray head at {self.args.ray_address} (not started here, not stopped here)")
+            return ray_env, self.args.ray_address
+        (self.run.root / "ray").symlink_to(self.head.temp_dir)
+        ray_env, ray_address = self.head.env(), self.head.address
+        self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": self.head.dashboard_url,
+                               "pids": [p.pid for p in self.head.processes()], "tag": self.head.tag})  # fmt: skip
+        return ray_env, ray_address
 
-        # -- effective config and environment
+    # -- phase config: the effective config and environment
+    def _config(self, plan: Plan, ray_env: dict, ray_address: str) -> Launch:
         self.phase("config")
-        cfg, changes = make(ray_address)
+        cfg, changes = self._effective(plan, ray_address)
         rundir.write_atomic(self.run.config, yaml.safe_dump(cfg, sort_keys=False))
         rundir.write_atomic(self.run.changes, json.dumps([c.__dict__ for c in changes], indent=2, default=str) + "\n")
-        self.say(f"proxy port {port} ({port_why})")
+        self.say(f"proxy port {plan.port} ({plan.port_why})")
         self.say(f"effective config {self.run.config} ({len(changes)} change(s)):")
         for c in changes:
             self.say(f"  {c.render()}")
-        for w in serve_config.warnings(cfg, expose=args.expose) + patch_warnings():
+        for w in serve_config.warnings(cfg, expose=self.args.expose) + patch_warnings():
             self.say(f"WARNING: {w}")
         env, notes = serve_config.environment(
-            dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)), expose=args.expose
+            dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)), expose=self.args.expose
         )
-        env.update(proxy_env)
+        env.update(plan.proxy_env)
         for n in notes:
             self.say(f"env: {n}")
         host = serve_config.get(cfg, "explorer.listen_address")
-        scheme = "https" if args.tls_cert else "http"
-        base_url = f"{scheme}://{serve_config.LOOPBACK if host in ('0.0.0.0', '::') else host}:{port}"
-        api_key = key_file.read_text().strip() if key_file else None
+        scheme = "https" if self.args.tls_cert else "http"
+        base_url = f"{scheme}://{serve_config.LOOPBACK if host in ('0.0.0.0', '::') else host}:{plan.port}"
+        api_key = plan.key_file.read_text().strip() if plan.key_file else None
+        return Launch(cfg, env, plan.port, host, base_url, api_key)
 
-        # -- trinity
-        self.phase("trinity", proxy_port=port, listen_address=host)
+    # -- phase trinity, then loading
+    def _start_trinity(self, launch: Launch) -> None:
+        self.phase("trinity", proxy_port=launch.port, listen_address=launch.listen_address)
         argv = trinity_command(dict(os.environ)) + ["run", "--config", str(self.run.config)]
         self.trinity_log = rundir.RotatingLog(self.run.log("trinity.log"))
         self.trinity_log.write(f"# {' '.join(argv)}")
-        self.trinity, self.pump = supervisor.spawn(argv, env=env, cwd=str(self.run.root), sink=self.trinity_log.write)
+        self.trinity, self.pump = supervisor.spawn(argv, env=launch.env, cwd=str(self.run.root), sink=self.trinity_log.write)
         self.say(f"trinity started (pid {self.trinity.pid}): {' '.join(argv)}; log {self.run.log('trinity.log')}")
         self.phase("loading", trinity_pid=self.trinity.pid)
 
-        # -- wait until ready
-        deadline = time.monotonic() + args.ready_timeout
+    def _wait_ready(self, launch: Launch) -> str:
+        """The served model's name once the proxy answers; Stop when something died, a signal came or time ran out."""
+        timeout = self.args.ready_timeout
+        deadline = time.monotonic() + timeout
         t_load, last_progress = time.monotonic(), 0.0
         while True:
-            dead = self._dead()
-            if dead:
-                return dead, 1
-            if self._interrupted():
-                return "stopped by signal before ready", 0
-            ready = readiness.check(base_url, timeout=3, api_key=api_key)
+            self._stop_if_dead()
+            self._stop_if_interrupted("stopped by signal before ready")
+            ready = readiness.check(launch.base_url, timeout=3, api_key=launch.api_key)
             if ready.ok:
-                break
+                return ready.models[0]
             now = time.monotonic()
             if now > deadline:
-                return self._fail(f"the proxy at {base_url} was not ready after {args.ready_timeout:.0f} s ({ready.detail})")
+                raise Stop(*self._fail(f"the proxy at {launch.base_url} was not ready after {timeout:.0f} s ({ready.detail})"))
             if now - last_progress >= PROGRESS_EVERY_S:
                 last_progress = now
                 line = readiness.last_meaningful(self.pump.tail(50)) or "(no output yet)"
                 self.say(f"loading {now - t_load:.0f} s: {line}")
             time.sleep(1.0)
 
-        # -- ready
-        model = ready.models[0]
+    # -- phase ready
+    def _ready(self, launch: Launch, model: str) -> None:
+        cfg, base_url = launch.cfg, launch.base_url
         job = serve_config.job_dir(cfg)
         data = {
             "checkpoint_job_dir": job,
@@ -372,6 +441,11 @@ class Serve:
             self.say(f"  data: {k} = {v}")
         if serve_config.get(cfg, "explorer.min_running_model_num") == 0:
             self.say("  note: when a new checkpoint appears the engine reloads it; requests wait during a reload")
+        self._watch_engines()
+        self.event("ready", endpoint=f"{base_url}/v1", model=model, run_dir=str(self.run.root), data=data,
+                   status=str(self.run.status))  # fmt: skip
+
+    def _watch_engines(self) -> None:
         # Trinity's proxy answers /health with 200 whatever its engine does, and Trinity lives on when
         # an engine process dies (seen on the H200: a killed VLLM::Worker left serve "ready" for good):
         # watch vLLM's own processes, so a dead engine ends the serve. They are children of Ray's
@@ -382,17 +456,19 @@ class Serve:
                 self.say("  watching the engine's processes: " + ", ".join(f"{t} (pid {p})" for p, t in sorted(self.engines.items())))
         else:
             self.say("  note: the engine's processes run under a Ray head not started by this serve, so they are not watched")
-        self.event("ready", endpoint=f"{base_url}/v1", model=model, run_dir=str(self.run.root), data=data,
-                   status=str(self.run.status))  # fmt: skip
 
-        # -- supervise
+    # -- supervise until something dies or a signal comes
+    def _supervise(self) -> tuple[str, int]:
         while True:
-            dead = self._dead()
-            if dead:
-                return dead, 1
+            self._stop_if_dead()
             if self._interrupted():
                 return f"stopped by {self.signals[0]}", 0
             time.sleep(1.0)
+
+    def _stop_if_dead(self) -> None:
+        dead = self._dead()
+        if dead:
+            raise Stop(dead, 1)
 
     def _announce_key(self, key_file, key: str, made: bool, port: int) -> None:
         """The key on the terminal, once, when it is made; never in serve.log or status.json."""

@@ -20,6 +20,7 @@ import io
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__:  # part of the rftstack package
@@ -134,16 +135,23 @@ def apply_text(text: str, fp: FilePatch) -> tuple[str, str]:
     return "\n".join(out), ("applied" if applied else "already applied")
 
 
-def _record_hash(data: bytes) -> str:
+def record_hash(data: bytes) -> str:
+    """A dist-info RECORD hash (``sha256=`` urlsafe base64, no padding); relax uses it too."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write through a new inode: uv installs by hard-linking from its cache, which must stay untouched."""
-    tmp = path.with_name(f".{path.name}.rftstack-tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, path.stat().st_mode & 0o777)
-    os.replace(tmp, path)
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a new inode, keeping its mode: uv installs by hard-linking
+    from its cache, which must stay untouched. Relax uses it too."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _update_record(site: Path, rel: str, data: bytes) -> bool:
@@ -152,21 +160,21 @@ def _update_record(site: Path, rel: str, data: bytes) -> bool:
         hit = False
         for row in rows:
             if row and row[0] == rel:
-                row[1:3] = [_record_hash(data), str(len(data))]
+                row[1:3] = [record_hash(data), str(len(data))]
                 hit = True
         if hit:
             buf = io.StringIO()
             csv.writer(buf, lineterminator="\n").writerows(rows)
-            _replace(record, buf.getvalue())
+            replace_file(record, buf.getvalue().encode("utf-8"))
             return True
     return False
 
 
 def installed_version(site: Path, dist: str) -> str | None:
-    norm = re.sub(r"[-_.]+", "_", dist).lower()
+    norm = _policy.canonical(dist)
     for meta in site.glob("*.dist-info/METADATA"):
         name = meta.parent.name[: -len(".dist-info")].rsplit("-", 1)[0]
-        if re.sub(r"[-_.]+", "_", name).lower() == norm:
+        if _policy.canonical(name) == norm:
             for line in meta.read_text(errors="replace").splitlines():
                 if line.startswith("Version:"):
                     return line.split(":", 1)[1].strip()
@@ -194,7 +202,7 @@ def apply(site: Path, patch_file: Path, *, expect_sha256: str, dist: str, versio
         plans.append((target, fp, new, result))
     for target, fp, new, result in plans:  # all hunks checked before any file is written
         if result == "applied" and not dry_run:
-            _replace(target, new)
+            replace_file(target, new.encode("utf-8"))
             _update_record(site, fp.path, new.encode())
             for cached in target.parent.glob(f"__pycache__/{target.stem}.*.pyc"):
                 cached.unlink()

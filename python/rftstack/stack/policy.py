@@ -1,6 +1,7 @@
 """The relaxation policy (data/policy.toml), loaded into plain records.
 
-Standard library only: the Nix build runs `relax.py` from this package in a bare Python.
+Standard library only: the Nix build runs `relax.py` and `patches.py` from this package in a bare
+Python, so `canonical` is a PEP 503 regex here rather than `packaging.utils.canonicalize_name`.
 """
 
 from __future__ import annotations

@@ -16,16 +16,12 @@ bare Python (`python3 relax.py --site DIR --policy policy.toml --patches DIR`).
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
 import dataclasses
-import hashlib
 import io
 import json
-import os
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 if __package__:  # part of the rftstack package
@@ -222,23 +218,6 @@ def apply_patch(plan: PatchPlan, pol: _policy.Policy, directory: Path) -> None:
     plan.state = PATCHED
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def _replace_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a new inode (never through a hard link)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def apply(plan: Plan) -> None:
     if plan.new_metadata is None or plan.dist_info is None:
         return
@@ -250,13 +229,13 @@ def apply(plan: Plan) -> None:
         rows = list(csv.reader(io.StringIO(record.read_text(encoding="utf-8"))))
         for row in rows:
             if row and row[0] == rel:
-                row[1:3] = [_record_hash(data), str(len(data))]
+                row[1:3] = [_patches.record_hash(data), str(len(data))]
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(rows)
-        _replace_file(meta, data)
-        _replace_file(record, buf.getvalue().encode("utf-8"))
+        _patches.replace_file(meta, data)
+        _patches.replace_file(record, buf.getvalue().encode("utf-8"))
     else:
-        _replace_file(meta, data)
+        _patches.replace_file(meta, data)
 
 
 def default_sites() -> list[Path]:

@@ -213,7 +213,7 @@ def check_combinations(cfg: dict, *, gpus_present: int | None, model_max_len: in
     if isinstance(extra, dict) and engine_args:
         for k in sorted(k for k in extra if k not in engine_args):
             out.append(_fail(f"{rm}.extra_engine_args.{k}", f"`{rm}.extra_engine_args.{k}` is not an argument of vLLM's EngineArgs, so vLLM refuses to start (TypeError).",
-                             f"Remove it or correct its name (vLLM's engine arguments are its `vllm serve --help` options with _ for -).", k))
+                             "Remove it or correct its name (vLLM's engine arguments are its `vllm serve --help` options with _ for -).", k))
     return out
 
 
