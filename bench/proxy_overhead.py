@@ -10,20 +10,27 @@ pass per second on this machine's CPU; the GPU run (serve_vs_bare.py) says wheth
 next to real generation.
 
 Variants (``--variants``):
-  hop         forwarding only: record_experience is not called
+  hop         forwarding only: record_experience is not called (upstream's forwarding:
+              RFTSTACK_PROXY_FAST_FORWARD=0)
+  hop-fast    forwarding only with rftstack's fast-forward patch of app.py on
+              (patches/trinity-proxy-fast-forward.patch, RFTSTACK_PROXY_FAST_FORWARD=1: a completion
+              parsed once with orjson and the upstream's bytes returned as they came)
   memory      Trinity's MemoryHistoryRecorder (in-process dict)
   sqlite      Trinity's default: HistoryRecorder, SQLite file on disk (one transaction per response)
   sqlite-group the same with rftstack's group-commit patch of the recorder on
               (patches/trinity-recorder-group-commit.patch, RFTSTACK_RECORDER_GROUP_COMMIT=1: concurrent
               responses share one transaction); needs the patch installed (`rftstack relax`)
+  sqlite-fast sqlite-group with the fast-forward patch on as well (RFTSTACK_PROXY_FAST_FORWARD=1);
+              needs both patches installed
   sqlite-shm  the same SQLite file on /dev/shm (tmpfs): explorer.db_url = sqlite:////dev/shm/...
   sqlite-wal  the SQLite file on disk with `PRAGMA journal_mode=WAL; synchronous=NORMAL` set on every
               new connection (an SQLAlchemy "connect" event: what a named rftstack patch would do)
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
-Every sqlite variant but sqlite-group runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write
-path whether or not the patch is installed, so one run compares both side by side.
+Every sqlite variant but sqlite-group and sqlite-fast runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e.
+upstream's write path whether or not the patch is installed, and every variant but hop-fast and
+sqlite-fast with RFTSTACK_PROXY_FAST_FORWARD=0, so one run compares them side by side.
 Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
               default, access log on)
@@ -63,11 +70,12 @@ sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
 from rftstack.doctor.netstat import free_port
 
-VARIANTS = ("hop", "memory", "sqlite", "sqlite-group", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
+VARIANTS = ("hop", "hop-fast", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
 FLAGS = ("quiet", "h11", "published", "offer")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
+FAST_FORWARD_VAR = "RFTSTACK_PROXY_FAST_FORWARD"  # read by the patched app.py
 WARMUP = 8  # unmeasured requests before each level
 
 
@@ -76,7 +84,12 @@ def group_commit_setting(variant: str) -> str | None:
     base = variant.partition("+")[0]
     if not base.startswith("sqlite"):
         return None
-    return "1" if base == "sqlite-group" else "0"
+    return "1" if base in ("sqlite-group", "sqlite-fast") else "0"
+
+
+def fast_forward_setting(variant: str) -> str:
+    """The value of RFTSTACK_PROXY_FAST_FORWARD a variant's proxy runs with."""
+    return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast") else "0"
 
 
 def variants_problem(variants: list[str]) -> str | None:
@@ -87,7 +100,19 @@ def variants_problem(variants: list[str]) -> str | None:
     if any(group_commit_setting(v) == "1" for v in variants) and not group_commit_installed():
         return ("variant sqlite-group needs the group-commit patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-recorder-group-commit.patch)")
+    if any(fast_forward_setting(v) == "1" for v in variants) and not fast_forward_installed():
+        return ("variants hop-fast and sqlite-fast need the fast-forward patch in the installed Trinity; "
+                "run `rftstack relax` (it applies patches/trinity-proxy-fast-forward.patch)")
     return None
+
+
+def fast_forward_installed() -> bool:
+    """Whether the installed Trinity's proxy app carries the fast-forward patch (read, not imported)."""
+    spec = importlib.util.find_spec("trinity")
+    if spec is None or not spec.origin:
+        return False
+    app = Path(spec.origin).parent / "explorer" / "proxy" / "app.py"
+    return app.is_file() and FAST_FORWARD_VAR in app.read_text()
 
 
 def flags(variant: str) -> set[str]:
@@ -124,6 +149,7 @@ def group_commit_installed() -> bool:
 
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process)."""
+    os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when app.py is imported
     import uvicorn
 
     from trinity.explorer.proxy import app as proxy_app
@@ -154,7 +180,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
         async def allocate_model(self, increase_count: bool = True):
             return upstream, 0
 
-        if base != "hop":
+        if not base.startswith("hop"):
             record_experience = ExplorerService.record_experience  # Trinity's own code
         else:
             async def record_experience(self, response, model_version):
@@ -185,6 +211,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     proxy_app.app.state.service = service
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
+    print(f"FAST_FORWARD {os.environ[FAST_FORWARD_VAR]}", flush=True)
     if group_commit is not None:
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     print(f"READY {port}", flush=True)
@@ -272,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--requests", type=int, default=400, help="requests per level")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--spread", type=float, default=0.0, metavar="S",
+                    help="spread output lengths as loadgen's --max-tokens-spread (0: all --max-tokens)")
     ap.add_argument("--upstream-delay-s", type=float, default=0.0, help="the double's delay per request")
     ap.add_argument("--logs", default=None, help="directory for the child logs (default: next to --out)")
     # internal: the proxy child
@@ -299,11 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
     result = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
               "command": " ".join([sys.executable, *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "upstream": "TEST DOUBLE (bench/openai_double.py)", "upstream_delay_s": args.upstream_delay_s, "runs": {}}
+              "upstream": "TEST DOUBLE (bench/openai_double.py)", "upstream_delay_s": args.upstream_delay_s,
+              "max_tokens_spread": args.spread, "runs": {}}
 
     def run_load(url: str, label: str, headers: dict | None = None) -> dict:
         return asyncio.run(loadgen.run(url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, label=label,
-                                       warmup=WARMUP, level_timeout_s=120, progress=lambda m: print(m, flush=True), headers=headers))
+                                       warmup=WARMUP, level_timeout_s=120, spread=args.spread, progress=lambda m: print(m, flush=True),
+                                       headers=headers))
 
     double, url = start_double(logs, args.upstream_delay_s)
     try:
@@ -327,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             rows = [ln for ln in log if ln.startswith("ROWS ")]
             if rows:
                 r["recorded_rows"] = int(rows[-1].split()[1])
+            fast = [ln for ln in log if ln.startswith("FAST_FORWARD ")]
+            if fast:
+                r["proxy_fast_forward"] = fast[-1].split()[1] == "1"
             group = [ln for ln in log if ln.startswith("GROUP_COMMIT ")]
             if group:
                 r["recorder_group_commit"] = group[-1].split()[1] == "1"

@@ -255,3 +255,17 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
     finally:
         httpd.shutdown()
         grpc_like.close()
+
+
+def test_summary_adds_the_noff_phase_next_to_the_proxy():
+    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
+    result = {"label": "x", "phases": {
+        "bare": {"load": {"levels": [lv(64, 1000.0)]}, "load_spread": {"levels": [lv(64, 1000.0)]}},
+        "trinity": {"load": {"levels": [lv(64, 950.0)]}, "load_spread": {"levels": [lv(64, 960.0)]}},
+        "trinity-noff": {"load": {"levels": [lv(64, 610.0)]}, "load_spread": {"levels": [lv(64, 700.0)]}},
+    }}
+    s = svb.summary(result)
+    assert s["throughput_ratio"]["64"] == {"bare_tok_s": 1000.0, "proxy_tok_s": 950.0, "proxy_vs_bare": 0.95,
+                                          "proxy_noff_tok_s": 610.0, "proxy_noff_vs_bare": 0.61}
+    assert s["throughput_ratio_spread"]["64"]["proxy_noff_vs_bare"] == 0.7
+    assert "trinity-noff" in svb.PHASES and svb.FAST_FORWARD_VAR == "RFTSTACK_PROXY_FAST_FORWARD"

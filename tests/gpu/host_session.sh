@@ -17,6 +17,8 @@
 #              the group-commit patch's effect on the GPU side by side with `qwen3b`
 #   proxy3b    the 3B shape: bare, trinity (group commit) and trinity-nogroup in one run, 8 rounds per
 #              level, plus c=32,64 with output lengths spread over 16..112 tokens
+#   proxy3b-ff the 3B shape: bare, trinity (fast forward + group commit, the defaults) and trinity-noff
+#              (RFTSTACK_PROXY_FAST_FORWARD=0) in one run, 8 rounds per level, plus c=32,64 spread
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model (run it after qwen3b, whose runs warm the caches)
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
@@ -62,6 +64,8 @@ for step in "${steps[@]}"; do
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
         qwen3b-nogroup) RFTSTACK_RECORDER_GROUP_COMMIT=0 bench --model /tmp/bench/qwen3b --label qwen3b-nogroup --phases bare,trinity --budget-s 900 ;;
         proxy3b) bench --model /tmp/bench/qwen3b --label qwen3b-gc --phases bare,trinity,trinity-nogroup --no-like-proxy \
+                 --rounds 8 --spread 0.75 --spread-levels 32,64 --budget-s 900 ;;
+        proxy3b-ff) bench --model /tmp/bench/qwen3b --label qwen3b-ff --phases bare,trinity,trinity-noff --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;

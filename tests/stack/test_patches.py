@@ -143,6 +143,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-commit-marks.patch: trinity/explorer/proxy/recorder.py: applied",
         "trinity-proxy-request-hygiene.patch: trinity/explorer/proxy/app.py: applied",
         "uvicorn-httptools-ignore-upgrade.patch: uvicorn/protocols/http/httptools_impl.py: applied",
+        "trinity-proxy-fast-forward.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -267,7 +267,8 @@ def test_every_uvicorn_server_of_the_stack_gets_the_patched_protocol():
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
     from vllm.entrypoints import launcher
 
-    assert "uvicorn.Config(app, host=host, port=port)" in inspect.getsource(proxy_app.serve_http)
+    proxy_source = inspect.getsource(proxy_app.serve_http)  # the api-key patch adds **tls: ssl_* files only
+    assert "uvicorn.Config(app, host=host, port=port" in proxy_source and "http=" not in proxy_source
     assert "uvicorn.Config(app, **uvicorn_kwargs)" in inspect.getsource(launcher.serve_http)
     config = uvicorn.Config(echo)
     config.load()
