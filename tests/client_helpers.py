@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
+
+import proxy_helpers
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -41,37 +39,14 @@ class Outcome:
         return cls(d["requests_ok"], d["requests_failed"], d["msg_ids"], d["failures"])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proxy:
-    """Trinity's proxy app in a child process (its own session; stopped on exit)."""
+class Proxy(proxy_helpers.Proxy):
+    """Trinity's proxy app in a child process (proxy_helpers.Proxy without the write trace), read as
+    the matrix reads it: each stored response's reward, and what /commit delivered."""
 
     def __init__(self, upstream: str, work: Path, first_on_path: Path | None = None):
-        work.mkdir(parents=True, exist_ok=True)
-        self.db, self.commits, self.log = work / "proxy_history.db", work / "commits.jsonl", work / "proxy.log"
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, str(HERE / "doubles" / "trinity_proxy_host.py"), "--upstream", upstream, "--port", str(self.port),
-               "--db", str(self.db), "--commits", str(self.commits)] + (["--trinity-site", str(first_on_path)] if first_on_path else [])  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-        end = time.monotonic() + 240
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the proxy exited: {self.log.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(self.base + "/health", timeout=2).read()
-                return
-            except OSError:
-                if time.monotonic() > end:
-                    self.stop()
-                    raise RuntimeError("the proxy did not answer /health")
-                time.sleep(0.3)
+        super().__init__(upstream, work, first_on_path, trace=False)
 
-    def rows(self) -> dict[str, float | None]:
+    def rewards(self) -> dict[str, float | None]:
         """msg_id -> reward of every row of proxy_history."""
         if not self.db.exists():
             return {}
@@ -80,20 +55,6 @@ class Proxy:
             return dict(con.execute("select msg_id, reward from proxy_history"))
         finally:
             con.close()
-
-    def committed(self) -> dict[str, dict]:
-        if not self.commits.exists():
-            return {}
-        return {d["msg_id"]: d for d in map(json.loads, self.commits.read_text().splitlines())}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 def chat_body(model: str, content: str, stream: bool = False) -> dict:

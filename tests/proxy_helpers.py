@@ -33,13 +33,13 @@ def post(url: str, body: dict) -> dict:
 class Proxy:
     """Trinity's proxy app in a child process (its own session; killed on exit)."""
 
-    def __init__(self, upstream: str, work: Path, site: Path | None):
+    def __init__(self, upstream: str, work: Path, site: Path | None, trace: bool = True):
         work.mkdir(parents=True, exist_ok=True)
         self.db, self.commits, self.log = work / "proxy_history.db", work / "commits.jsonl", work / "proxy.log"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, str(DOUBLES / "trinity_proxy_host.py"), "--upstream", upstream, "--port", str(self.port),
-               "--db", str(self.db), "--commits", str(self.commits), "--trace"] + (["--trinity-site", str(site)] if site else [])
+               "--db", str(self.db), "--commits", str(self.commits)] + (["--trace"] if trace else []) + (["--trinity-site", str(site)] if site else [])  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 240
         while True:

@@ -84,7 +84,7 @@ def test_client_lands_every_response_in_the_store(name, proxy, request):
     out = run_client(name, proxy.base, lambda: request.getfixturevalue("java_classes"))
     assert out.failed == 0 and out.ok == 5, out.failures
     assert len(out.msg_ids) == 3 and len(set(out.msg_ids)) == 3
-    rows, committed = proxy.rows(), proxy.committed()
+    rows, committed = proxy.rewards(), proxy.commits_by_id()
     for mid in out.msg_ids:
         assert rows.get(mid) == REWARD[name], (mid, rows.get(mid))
         assert mid in committed and committed[mid]["reward"] == REWARD[name] and committed[mid]["token_ids"]
@@ -108,7 +108,7 @@ def test_h2c_offering_clients_fail_on_uvicorn_as_published(name, published_proxy
     assert all("400" in f or "closed" in f.lower() or "IOException" in f or "Error" in f for f in chats), out.failures
     assert any("the request body is empty" in f and "uvicorn-httptools-ignore-upgrade.patch" in f for f in out.failures), out.failures
     assert not any(f.startswith("commit") for f in out.failures)  # /commit said 200 all the same
-    assert published_proxy.rows() == {} and published_proxy.committed() == {}
+    assert published_proxy.rewards() == {} and published_proxy.commits_by_id() == {}
     assert "Unsupported upgrade request." in published_proxy.log.read_text()
 
 
@@ -128,7 +128,7 @@ def test_json_without_a_json_label(name, proxy, double):
     out = ch.curl(proxy.base, MODEL_ID, 0.7, http2=False, content_type=False) if name == "curl" else ch.node_fetch(proxy.base, 0.7, content_type=False)
     assert out.failed == 0 and len(out.msg_ids) == 3, out.failures
     assert {h["content-type"] for h in double.headers[before:]} == {"application/json"}
-    assert all(proxy.rows().get(m) == 0.7 for m in out.msg_ids)
+    assert all(proxy.rewards().get(m) == 0.7 for m in out.msg_ids)
 
 
 def test_response_headers_once_and_nothing_hop_by_hop_forwarded(proxy, double):
@@ -165,8 +165,8 @@ def test_docs_client_examples_are_the_files_and_work_as_is(proxy, double, tmp_pa
         subprocess.run(["javac", "--release", "17", "-d", str(tmp_path), str(ch.REPO / "examples/java/Minimal.java")], check=True, timeout=300)
         runs.append(["java", "-cp", str(tmp_path), "Minimal", proxy.base, MODEL_ID])
     for cmd in runs:
-        before = set(proxy.committed())
+        before = set(proxy.commits_by_id())
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
-        new = set(proxy.committed()) - before
-        assert len(new) == 1 and proxy.rows()[new.pop()] == 1.0, r.stdout
+        new = set(proxy.commits_by_id()) - before
+        assert len(new) == 1 and proxy.rewards()[new.pop()] == 1.0, r.stdout
