@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import ipaddress
 import os
+from collections.abc import Callable
 from typing import Any
 
 from rftstack.errors import UserError
@@ -78,6 +79,19 @@ def job_dir(cfg: dict) -> str:
     )
 
 
+def recorder(cfg: dict, changes: list[Change]) -> Callable[[str, Any, str], None]:
+    """``change(key, new, why)``: set ``key`` in ``cfg`` to ``new`` when it differs, and record the
+    Change (for changes.json). Shared by the serve and train configs."""
+
+    def change(key: str, new: Any, why: str) -> None:
+        old = get(cfg, key)
+        if old != new:
+            _set(cfg, key, new)
+            changes.append(Change(key, old, new, why))
+
+    return change
+
+
 def effective(
     user: dict,
     *,
@@ -93,11 +107,7 @@ def effective(
     cfg = copy.deepcopy(user)
     changes: list[Change] = []
 
-    def change(key: str, new, why: str) -> None:
-        old = get(cfg, key)
-        if old != new:
-            _set(cfg, key, new)
-            changes.append(Change(key, old, new, why))
+    change = recorder(cfg, changes)
 
     mode = cfg.get("mode")
     if mode not in (None, "serve"):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rftstack.run.serve_config import _MISSING, Change, ConfigError, _set, get, job_dir
+from rftstack.run.serve_config import _MISSING, Change, ConfigError, get, job_dir, recorder
 
 ALGORITHM = "reinforceplusplus"
 DEFAULT_TRAIN_BATCH_SIZE = 8
@@ -69,11 +69,7 @@ def effective(user: dict, *, ray_address: str, flash_attn: bool, gpus: int = 1) 
     cfg = copy.deepcopy(user)
     changes: list[Change] = []
 
-    def change(key: str, new, why: str) -> None:
-        old = get(cfg, key)
-        if old != new:
-            _set(cfg, key, new)
-            changes.append(Change(key, old, new, why))
+    change = recorder(cfg, changes)
 
     mode = cfg.get("mode")
     if mode not in (None, "train"):
