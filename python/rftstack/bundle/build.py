@@ -148,12 +148,17 @@ def build_sdist_wheel(item: bundle_plan.Item, sdist: Path, cache: Path) -> Path:
                 f"and may not run on the target; build it on a machine like the target, or --exclude {item.name}",
                 1,
             )
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        return Path(shutil.move(str(wheel), out / wheel.name))
+        return _keep(wheel, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep(wheel: Path, out: Path) -> Path:
+    """Move a freshly built wheel into ``out``, which then holds that wheel alone."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    return Path(shutil.move(str(wheel), out / wheel.name))
 
 
 def build_project_wheel(project: Path, cache: Path) -> Path:
@@ -165,11 +170,7 @@ def build_project_wheel(project: Path, cache: Path) -> Path:
         src = tmp / "src"
         shutil.copytree(project, src, ignore=_IGNORE_COPY, symlinks=True)
         wheel = build_wheel(src, tmp / "dist", f"the project in {project}")
-        out = cache / "project"
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        return Path(shutil.move(str(wheel), out / wheel.name))
+        return _keep(wheel, cache / "project")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
