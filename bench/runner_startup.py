@@ -15,6 +15,8 @@ answers /health and /v1/models at once). What is left is the runner's own time:
   manual       the report's steps by hand, as `bench/serve_vs_bare.py`'s manual phase runs them:
                `ray start --head` (loopback, no dashboard) then `trinity run` (the double)
   manual-dash  the same with Ray's dashboard, which `rftstack serve`'s head has
+  runner-baseline  `runner` from another source tree (--baseline-src: e.g. an earlier commit's
+               `git archive COMMIT python | tar -x -C DIR`), for a before/after in the same run
 
 Each round runs every phase once, one after another (the order alternates between rounds, so
 that a change in the machine's load hits both sides alike); one warm-up round first is not counted
@@ -48,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_TRINITY = ROOT / "tests" / "doubles" / "fake_trinity.py"
 DRIVER_DOUBLE = ROOT / "tests" / "doubles" / "h200_driver.py"
-PHASES = ("runner", "manual", "manual-dash")
+PHASES = ("runner", "manual", "manual-dash", "runner-baseline")
 STAMP = re.compile(r"^\[\s*(\d+(?:\.\d+)?)s\] (.*)$")
 # the runner's progress lines that mark a step (first match wins), in the order they happen
 MARKS = {
@@ -102,9 +104,12 @@ def summary(rounds: list[dict], phases: list[str]) -> dict:
             if pairs:
                 out["runner_minus"][ph] = round(statistics.median(a - b for a, b in pairs), 2)
                 out["runner_ratio"][ph] = round(statistics.median(a / b for a, b in pairs), 3)
-        steps = [r["runner"].get("marks", {}) for r in rounds if r.get("runner", {}).get("marks")]
+    for ph in phases:
+        if not ph.startswith("runner"):
+            continue
+        steps = [r[ph].get("marks", {}) for r in rounds if r.get(ph, {}).get("marks")]
         keys = [k for k in MARKS if any(k in s for s in steps)]
-        out["runner_marks_median"] = {k: round(statistics.median(s[k] for s in steps if k in s), 2) for k in keys}
+        out[f"{ph}_marks_median".replace("-", "_")] = {k: round(statistics.median(s[k] for s in steps if k in s), 2) for k in keys}
     return out
 
 
@@ -183,14 +188,15 @@ class Bench:
         cfg["checkpoint_root_dir"] = str(self.work / "ckpt")
         self.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
-    def runner(self, name: str) -> dict:
+    def runner(self, name: str, src: Path = ROOT) -> dict:
         port = free_port()
         run_dir = self.work / f"{name}-run"
         shutil.rmtree(run_dir, ignore_errors=True)
         prefix = [sys.executable, str(DRIVER_DOUBLE)] if self.args.driver_double else [sys.executable, "-m", "rftstack"]
         argv = [*prefix, "serve", "--json", "-c", str(self.config), "--port", str(port), "--num-gpus", "1", "--run-dir", str(run_dir)]
+        env = {**self.env, "PYTHONPATH": str(src / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
         t0 = time.monotonic()
-        p = Proc(argv, self.env, self.logs / f"{name}.log")
+        p = Proc(argv, env, self.logs / f"{name}.log")
         ready = wait_ready(f"http://127.0.0.1:{port}/v1/models", p, t0, self.args.timeout)
         deadline = time.monotonic() + 30
         while ready is not None and "ready" not in p.events and time.monotonic() < deadline and p.p.poll() is None:
@@ -249,6 +255,8 @@ class Bench:
         name = f"r{rnd}-{ph}"
         if ph == "runner":
             return self.runner(name)
+        if ph == "runner-baseline":
+            return self.runner(name, Path(self.args.baseline_src).resolve())
         return self.manual(name, dashboard=ph == "manual-dash")
 
     def run(self) -> int:
@@ -256,6 +264,8 @@ class Bench:
         bad = [p for p in phases if p not in PHASES]
         if bad:
             raise SystemExit(f"unknown phase {bad[0]}; choose from {', '.join(PHASES)}")
+        if "runner-baseline" in phases and not (self.args.baseline_src and (Path(self.args.baseline_src) / "python" / "rftstack").is_dir()):
+            raise SystemExit("the runner-baseline phase needs --baseline-src DIR with DIR/python/rftstack (an earlier source tree)")
         self.prepare()
         rounds: list[dict] = []
         for rnd in range(self.args.rounds + 1):
@@ -283,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory for runner-startup.json and logs/")
     ap.add_argument("--rounds", type=int, default=3, help="counted rounds (one warm-up round runs first)")
     ap.add_argument("--phases", default="runner,manual", help=f"comma-separated, from {', '.join(PHASES)}")
+    ap.add_argument("--baseline-src", help="a source tree holding python/rftstack, run as the runner-baseline phase")
     ap.add_argument("--model", help="a model directory (default: rftstack's tiny model, written once)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds each phase may take to get ready")
     ap.add_argument("--driver-double", action=argparse.BooleanOptionalAction, default=not has_driver(),

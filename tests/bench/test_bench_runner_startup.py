@@ -50,3 +50,14 @@ def test_summary_medians_and_per_round_ratios():
     assert s["runner_minus"] == {"manual": 7.0}  # median of 10 and 4: pairs only where both got ready
     assert s["runner_ratio"] == {"manual": 1.35}
     assert s["runner_marks_median"] == {"ready": 23.5}
+
+
+def test_summary_with_a_baseline_runner():
+    """runner-baseline (an earlier source tree in the same run): the runner's difference to it and
+    the baseline's own phases."""
+    rounds = [{"runner": {"ready_s": 7.0, "marks": {"trinity_started": 6.0}},
+               "runner-baseline": {"ready_s": 10.0, "marks": {"trinity_started": 8.5}}, "manual": {"ready_s": 5.0}}]  # fmt: skip
+    s = rs.summary(rounds, ["runner", "runner-baseline", "manual"])
+    assert s["runner_minus"] == {"runner-baseline": -3.0, "manual": 2.0}
+    assert s["runner_ratio"] == {"runner-baseline": 0.7, "manual": 1.4}
+    assert s["runner_baseline_marks_median"] == {"trinity_started": 8.5}
