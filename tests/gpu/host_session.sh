@@ -35,6 +35,9 @@ LOGS=${LOGS:-/tmp/gs}
 mkdir -p "$LOGS/results"
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 RFTSTACK_GPU_RESULTS=$LOGS/results
 export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}  # no flashinfer-cubin in the bundle
+# one torch.compile cache for every step: each test gives its serve its own XDG_CACHE_HOME, which
+# would otherwise make every serve of the session compile the same model again (about a minute each)
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/vllm-cache}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(rl rel tiny qwen3b ready default)
 
