@@ -11,6 +11,8 @@
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
 #   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL
 #   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
+#   faults     tests/gpu/test_faults_gpu.py         kill -9 of the Ray head's GCS and of `trinity run` under load,
+#              the proxy's store on a full disk (a tmpfs: needs root); three serves, about 8 minutes
 #   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve
 #   qwen3b     the same on the Qwen2.5-3B-shaped model
 #   qwen3b-nogroup  the same with RFTSTACK_RECORDER_GROUP_COMMIT=0 (upstream's recorder write path), for
@@ -66,6 +68,7 @@ for step in "${steps[@]}"; do
         train) pytest_gpu train test_train_loop_gpu.py ;;
         rel) pytest_gpu rel test_reliability_gpu.py ;;
         kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
+        faults) pytest_gpu faults test_faults_gpu.py ;;
         tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
         qwen3b-nogroup) RFTSTACK_RECORDER_GROUP_COMMIT=0 bench --model /tmp/bench/qwen3b --label qwen3b-nogroup --phases bare,trinity --budget-s 900 ;;
