@@ -306,9 +306,14 @@ def test_no_experience_trained_twice(loop):
     db = loop.ready["data"]["experience_buffer"].removeprefix("sqlite:///")
     con = sqlite3.connect(db)
     rows = con.execute("select consumed, count(*) from experience_buffer group by consumed").fetchall()
+    # trinity-sql-read-requeue.patch's record: which rows each step's batch took (each row once)
+    steps = con.execute("select step, count(*), count(distinct id) from experience_buffer_reads group by step").fetchall()
+    (read_rows,) = con.execute("select count(distinct id) from experience_buffer_reads").fetchone()
     con.close()
     loop.results["consumed_histogram"] = rows
+    loop.results["reads_per_step"] = steps
     assert dict(rows) == {1: 2 * BATCH}
+    assert steps == [(1, BATCH, BATCH), (2, BATCH, BATCH)] and read_rows == 2 * BATCH
 
 
 def test_train_stopped_cleanly(loop):
