@@ -41,7 +41,7 @@ def add_torch(site: Path) -> Path:
     return site
 
 
-TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py",
+TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/explorer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py",
                  "trinity/explorer/proxy/recorder.py")
 
 
