@@ -15,7 +15,7 @@ from rftstack.doctor import netstat
 from rftstack.run import serve
 from rftstack.run import supervisor
 
-from helpers import FAKE_TRINITY, rftstack_env, run_python
+from helpers import FAKE_TRINITY, ray_gcs_pid, rftstack_env, run_python, trinity_driver_pids
 
 pytestmark = pytest.mark.slow
 
@@ -238,3 +238,22 @@ def test_own_head_sigterm(tmp_path, serve_runner):
     assert "Ray head stopped" in run.stderr
     for tag in tags:
         assert supervisor.tagged(tag) == []
+
+
+def test_kill9_of_trinity_ends_the_serve_with_its_code(tmp_path, serve_runner):
+    """kill -9 of the `trinity run` process (found by its command line among the serve's tagged
+    processes, as tests/gpu/test_faults_gpu.py finds the real one): serve exits 1 with `trinity
+    exited with code -9`, and stops its own Ray head, whose GCS the same helpers find."""
+    run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)], fake="check_ray,grandchildren")
+    assert run.wait_event("ready", timeout=400), (run.finish(), run.stderr)
+    st = run.status()
+    pids = json.loads((tmp_path / "fake-pids.json").read_text())
+    assert trinity_driver_pids(st["tag"]) == [st["trinity_pid"]] == [pids["trinity"]]
+    gcs = ray_gcs_pid(st["ray"]["tag"])
+    assert gcs and "gcs_server" in supervisor.read_proc(gcs).cmdline
+    os.kill(st["trinity_pid"], signal.SIGKILL)
+    assert run.finish() == 1
+    assert "FAILED: trinity exited with code -9" in run.stderr
+    assert run.status()["exit_reason"] == "trinity exited with code -9" and run.status()["phase"] == "failed"
+    assert not supervisor.alive(gcs)
+    assert_nothing_left(run)
