@@ -79,7 +79,7 @@ in
       trinity-rft = {
         version = "0.6.0";
         files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch"
-          "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
+          "trinity-explorer-node.patch" "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
           "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-fast-forward.patch"
           "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" ];
       };

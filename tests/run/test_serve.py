@@ -218,6 +218,8 @@ def test_own_head_is_loopback_only_and_ray_death_stops_trinity(tmp_path, serve_r
     assert len(socks) >= 5
     assert [(pid, cmd, l.address, l.port) for pid, cmd, l in socks if not l.loopback] == []
     assert (tmp_path / "run0" / "ray").is_symlink() and (tmp_path / "run0" / "logs" / "ray-start.log").exists()
+    # Trinity's explorer (the proxy) is pinned to this serve's own head (trinity-explorer-node.patch)
+    assert "env: RFTSTACK_EXPLORER_NODE=127.0.0.1: Trinity's explorer (the proxy) runs on this machine's Ray node" in (tmp_path / "run0" / "logs" / "serve.log").read_text()
     gcs = [p.pid for p in supervisor.tagged(ray_tag) if "gcs_server" in p.cmdline]
     assert len(gcs) == 1
     os.kill(gcs[0], signal.SIGKILL)

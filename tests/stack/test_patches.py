@@ -135,6 +135,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-store-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-stream-record.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",
+        "trinity-explorer-node.patch: trinity/explorer/explorer.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-recorder-group-commit.patch: trinity/explorer/proxy/recorder.py: applied",
