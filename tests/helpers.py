@@ -110,3 +110,19 @@ class ServeRun:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
+
+
+def ray_gcs_pid(ray_tag: str) -> int | None:
+    """The GCS (`gcs_server`) of the Ray head tagged ``ray_tag``: what the head lives and dies with."""
+    from rftstack.run import supervisor
+
+    found = [p.pid for p in supervisor.tagged(ray_tag) if Path(p.cmdline.split(" ")[0]).name == "gcs_server"]
+    assert len(found) <= 1, f"more than one gcs_server carries {ray_tag}: {found}"
+    return found[0] if found else None
+
+
+def trinity_driver_pids(serve_tag: str) -> list[int]:
+    """The `trinity run --config X` processes of a serve (the driver, not Trinity's ray:: actors)."""
+    from rftstack.run import supervisor
+
+    return [p.pid for p in supervisor.tagged(serve_tag) if " run --config " in f" {p.cmdline} " and not p.cmdline.startswith("ray::")]

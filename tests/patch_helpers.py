@@ -41,8 +41,9 @@ def add_torch(site: Path) -> Path:
     return site
 
 
-TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/proxy/app.py", "trinity/explorer/proxy/service.py",
-                 "trinity/explorer/proxy/recorder.py")
+TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/explorer.py", "trinity/explorer/proxy/app.py",
+                 "trinity/explorer/proxy/service.py", "trinity/explorer/proxy/recorder.py", "trinity/buffer/storage/sql.py",
+                 "trinity/algorithm/sample_strategy/sample_strategy.py")
 
 
 def trinity_patches():

@@ -33,14 +33,21 @@ def post(url: str, body: dict) -> dict:
 class Proxy:
     """Trinity's proxy app in a child process (its own session; killed on exit)."""
 
-    def __init__(self, upstream: str, work: Path, site: Path | None, trace: bool = True):
+    def __init__(self, upstream: str, work: Path, site: Path | None, trace: bool = True, *, buffer: bool = False,
+                 kill_in_commit: str | None = None, env: dict[str, str] | None = None):  # fmt: skip
+        """``buffer``: /commit also writes to an SQLite experience buffer (``self.buffer``) through
+        Trinity's SQLExperienceStorage; ``kill_in_commit``: the host's fault point (before-write,
+        after-write); ``env``: more environment for the proxy process."""
         work.mkdir(parents=True, exist_ok=True)
         self.db, self.commits, self.log = work / "proxy_history.db", work / "commits.jsonl", work / "proxy.log"
+        self.buffer = work / "experience_buffer.db"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, str(DOUBLES / "trinity_proxy_host.py"), "--upstream", upstream, "--port", str(self.port),
                "--db", str(self.db), "--commits", str(self.commits)] + (["--trace"] if trace else []) + (["--trinity-site", str(site)] if site else [])  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        cmd += (["--buffer", str(self.buffer)] if buffer else []) + (["--kill-in-commit", kill_in_commit] if kill_in_commit else [])
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})  # fmt: skip
         end = time.monotonic() + 240
         while True:
             if self.proc.poll() is not None:

@@ -16,6 +16,11 @@ serves /health and /v1/models on it, and behaves as FAKE_TRINITY (comma-separate
   engine_gpu            engine_child, with the actor asking Ray for one GPU as a vLLM engine
                         does (a resource count: a CPU node advertising --num-gpus 1 takes it);
                         the address of the node it ran on goes to $FAKE_TRINITY_PIDS as "engine_node"
+  explorer_actor        as Trinity does, serve the proxy from a Ray actor made by Trinity's own
+                        `Explorer.get_actor` (the installed, patched code: its placement follows
+                        RFTSTACK_EXPLORER_NODE) for a double of the Explorer class (the real one
+                        loads vLLM engines); the address of the node it ran on goes to
+                        $FAKE_TRINITY_PIDS as "explorer_node"
 
 It writes its pid and its grandchildren's pids to $FAKE_TRINITY_PIDS (a file) when set.
 
@@ -42,13 +47,21 @@ import yaml
 
 
 ENGINE = None  # the actor handle: the actor (and its titled child) lives as long as the double
+EXPLORER = None  # the same for the explorer double
+
+
+def connect(ray_address: str) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=ray_address, log_to_driver=False)
 
 
 def start_engine_child(ray_address: str, num_gpus: int = 0) -> tuple[int, str]:
     global ENGINE
     import ray
 
-    ray.init(address=ray_address, log_to_driver=False)
+    connect(ray_address)
 
     @ray.remote(num_cpus=0, num_gpus=num_gpus)
     class Engine:
@@ -66,6 +79,62 @@ def start_engine_child(ray_address: str, num_gpus: int = 0) -> tuple[int, str]:
 
     ENGINE = Engine.remote()
     return ray.get(ENGINE.start.remote()), ray.get(ENGINE.node.remote())
+
+
+def make_server(host: str, port: int, model: str, ready: bool) -> http.server.ThreadingHTTPServer:
+    """The proxy double: /health and /v1/models on host:port, served from a thread."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/health":
+                code, body = (200, {"status": "ok"}) if ready else (503, {"status": "loading"})
+            elif self.path == "/v1/models" and ready:
+                code, body = 200, {"object": "list", "data": [{"id": model, "object": "model"}]}
+            else:
+                code, body = 404, {"error": "not found"}
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class ExplorerDouble:
+    """TEST DOUBLE for trinity.explorer.explorer.Explorer (its real __init__ creates vLLM engines):
+    the actor serves the proxy double where Ray placed it, as the real Explorer serves its proxy."""
+
+    def __init__(self, config):
+        self.settings = config.double
+
+    def serve(self) -> str:
+        import ray
+
+        s = self.settings
+        self.server = make_server(s["host"], s["port"], s["model"], s["ready"])
+        return ray.util.get_node_ip_address()
+
+
+def start_explorer(ray_address: str, settings: dict) -> str:
+    """Trinity's own Explorer.get_actor (as installed, with its patches) creates the actor; the
+    class it is given is the double. The address of the node the actor runs on."""
+    global EXPLORER
+    import types
+
+    import ray
+    from trinity.explorer.explorer import Explorer
+
+    connect(ray_address)
+    config = types.SimpleNamespace(explorer=types.SimpleNamespace(name="explorer"), ray_namespace="rftstack-double", double=settings)
+    EXPLORER = Explorer.get_actor.__func__(ExplorerDouble, config)
+    return ray.get(EXPLORER.serve.remote(), timeout=120)
 
 
 def train_main(cfg: dict, modes: set) -> int:
@@ -124,6 +193,10 @@ def main() -> int:
         pids["grandchildren"] = [a.pid, b.pid]
     if "engine_child" in modes or "engine_gpu" in modes:
         pids["engine"], pids["engine_node"] = start_engine_child(cfg["cluster"]["ray_address"], 1 if "engine_gpu" in modes else 0)
+    ready = "never_ready" not in modes
+    model = cfg["model"]["model_path"]
+    if "explorer_actor" in modes:
+        pids["explorer_node"] = start_explorer(cfg["cluster"]["ray_address"], {"host": host, "port": port, "model": model, "ready": ready})
     if os.environ.get("FAKE_TRINITY_PIDS"):
         with open(os.environ["FAKE_TRINITY_PIDS"], "w") as f:
             json.dump(pids, f)
@@ -137,29 +210,7 @@ def main() -> int:
         print("fake trinity: Traceback (most recent call last): simulated start-up failure", flush=True)
         return 4
 
-    ready = "never_ready" not in modes
-    model = cfg["model"]["model_path"]
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path == "/health":
-                code, body = (200, {"status": "ok"}) if ready else (503, {"status": "loading"})
-            elif self.path == "/v1/models" and ready:
-                code, body = 200, {"object": "list", "data": [{"id": model, "object": "model"}]}
-            else:
-                code, body = 404, {"error": "not found"}
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = None if "explorer_actor" in modes else make_server(host, port, model, ready)
     print("fake trinity: loading model ... done; proxy up", flush=True)
     if "crash_after_ready" in modes:
         time.sleep(2)
@@ -170,7 +221,8 @@ def main() -> int:
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("fake trinity: SIGINT, shutting down", flush=True)
-        server.shutdown()
+        if server is not None:
+            server.shutdown()
         return 0
 
 

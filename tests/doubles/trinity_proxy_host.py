@@ -4,15 +4,22 @@ upstream URL, with Trinity's real `HistoryRecorder` (SQLite) and `ExplorerServic
 
 What stands in (a TEST DOUBLE, the Explorer needs GPU engines and Ray actors): the Explorer object
 the service talks to. Its `rollout_coordinator.process_experiences.remote(...)` writes every
-committed experience as one JSON line to ``--commits`` (what /commit delivers), and its monitor
-drops metrics.
+committed experience as one JSON line to ``--commits`` (what /commit delivers) and, with
+``--buffer DB``, also to an SQLite experience buffer through Trinity's real SQLExperienceStorage
+(the storage behind the SQL buffer writer of a serve), which ``explorer.config`` names as
+``buffer.trainer_input.experience_buffer``; its monitor drops metrics.
+
+``--kill-in-commit before-write|after-write`` is the fault point of the crash tests: the process
+SIGKILLs itself inside /commit, right before or right after that write (so between the
+ExplorerService's marks of the rows and the experience buffer's write).
 
 ``--trinity-site DIR`` puts DIR first on sys.path so a patched copy of the trinity package there is
 the one imported (the shared venv is never modified). ``--trace`` prints each record_experience
 start, end and any exception, BaseException included (CancelledError is not an Exception), to
 stderr: the evidence for what Trinity's ``except Exception: pass`` would hide.
 
-    python tests/doubles/trinity_proxy_host.py --upstream URL --port P --db FILE --commits FILE [--trinity-site DIR] [--trace]
+    python tests/doubles/trinity_proxy_host.py --upstream URL --port P --db FILE --commits FILE [--buffer FILE]
+        [--kill-in-commit before-write|after-write] [--trinity-site DIR] [--trace]
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 import traceback
+from types import SimpleNamespace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--db", required=True)
     ap.add_argument("--commits", required=True)
+    ap.add_argument("--buffer")
+    ap.add_argument("--kill-in-commit", choices=["before-write", "after-write"])
     ap.add_argument("--trinity-site")
     ap.add_argument("--trace", action="store_true")
     a = ap.parse_args(argv)
@@ -43,11 +55,27 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"TRINITY_APP {proxy_app.__file__}", file=sys.stderr, flush=True)
 
+    storage_cfg, storage = None, None
+    if a.buffer:
+        from trinity.buffer.storage.sql import SQLExperienceStorage
+        from trinity.common.config import StorageConfig
+
+        storage_cfg = StorageConfig(name="experience_buffer", storage_type="sql", path=f"sqlite:///{a.buffer}", schema_type="experience")
+        storage = SQLExperienceStorage(storage_cfg)
+
+    def fault(point: str) -> None:
+        if a.kill_in_commit == point:
+            print(f"KILL {point}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
     class CoordinatorStandIn:
         class process_experiences:  # noqa: N801 - mirrors the Ray actor method's shape
             @staticmethod
             async def remote(batches: list[bytes]) -> dict:
                 exps = [e for b in batches for e in Experience.deserialize_many(b)]
+                fault("before-write")
+                if storage is not None:
+                    await storage.write(exps)
                 with open(a.commits, "a") as f:
                     for e in exps:
                         n_prompt = e.prompt_length
@@ -56,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
                                             "token_ids": e.tokens[n_prompt:].tolist(),
                                             "logprobs": [round(x, 6) for x in e.logprobs.tolist()],
                                             "model_version": e.info.get("model_version")}) + "\n")
+                fault("after-write")
                 return {"committed": len(exps)}
 
     class ExplorerStandIn:
         explore_step_num = 0
         rollout_coordinator = CoordinatorStandIn()
+        config = SimpleNamespace(buffer=SimpleNamespace(trainer_input=SimpleNamespace(experience_buffer=storage_cfg)))
 
         class monitor:  # noqa: N801
             @staticmethod

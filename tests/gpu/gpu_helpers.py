@@ -1,12 +1,17 @@
-"""Small helpers for the GPU tests: is there a GPU, its memory and processes, a JSON POST."""
+"""Small helpers for the GPU tests: is there a GPU, its memory and processes, a JSON POST; a
+report-shaped `rftstack serve` on the tiny model, its stores and its processes."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
+
+from helpers import ServeRun, rftstack_env
 
 
 def has_gpu() -> bool:
@@ -41,3 +46,47 @@ def gpu_pids() -> set[int]:
 def post(url: str, body: dict, timeout: float = 120) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+
+
+def start(tmp: Path, name: str, *extra: str, project: str = "rel", **cfg) -> ServeRun:
+    """`rftstack serve --json` of the report's config on the tiny model (made once under ``tmp``);
+    ``cfg``: more keywords of report_config.config (e.g. ``explorer={"db_url": ...}``)."""
+    from rftstack.run import report_config
+    from rftstack.run import tinymodel
+
+    model = tinymodel.ensure(tmp / "cache" / "rftstack" / "tiny-model")
+    path = report_config.write(tmp / f"{name}.yaml", model, max_model_len=2048, project=project, name=name, **cfg)
+    env = rftstack_env(XDG_CACHE_HOME=str(tmp / "cache"))
+    return ServeRun(["-c", str(path), "--num-gpus", "1", *extra], env, tmp, tmp / f"run-{name}")
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line (first 80 characters), or "?" when it is gone or not visible here."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+    except OSError:
+        return "?"
+
+
+def assert_all_stopped(run: ServeRun, tags: list[str], baseline_mib: int) -> float:
+    """No process of the run left, none on the GPU, GPU memory back; returns seconds until it was."""
+    from rftstack.run import supervisor
+
+    left = {tag: [(p.pid, p.cmdline[:80]) for p in supervisor.tagged(tag)] for tag in tags}
+    on_gpu = {pid: cmdline(pid) for pid in gpu_pids()}
+    print(f"tagged processes left: {left}; processes on the GPU: {on_gpu}")
+    assert all(v == [] for v in left.values()), left
+    freed_after = memory_back_after(baseline_mib, 60)
+    print(f"GPU memory back to the baseline {baseline_mib} MiB after {freed_after} s (now {gpu_memory_used_mib()} MiB)")
+    assert freed_after is not None
+    return freed_after
+
+
+def experience_rows(db: str) -> list[tuple[str, float]]:
+    """(msg_id, reward) of every row of Trinity's SQL experience buffer (the committed experiences)."""
+    con = sqlite3.connect(db)
+    try:
+        return list(con.execute("select msg_id, reward from experience_buffer"))
+    finally:
+        con.close()
+

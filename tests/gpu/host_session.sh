@@ -11,6 +11,8 @@
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
 #   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL
 #   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
+#   faults     tests/gpu/test_faults_gpu.py         kill -9 of the Ray head's GCS and of `trinity run` under load,
+#              the proxy's store on a full disk (a tmpfs: needs root); three serves, about 8 minutes
 #   tiny       bench/serve_vs_bare.py, tiny model: bare vLLM vs rftstack serve
 #   qwen3b     the same on the Qwen2.5-3B-shaped model
 #   qwen3b-nogroup  the same with RFTSTACK_RECORDER_GROUP_COMMIT=0 (upstream's recorder write path), for
@@ -18,10 +20,13 @@
 #   proxy3b    the 3B shape: bare, trinity (group commit) and trinity-nogroup in one run, 8 rounds per
 #              level, plus c=32,64 with output lengths spread over 16..112 tokens
 #   proxy3b-ff the 3B shape: bare, trinity (fast forward + group commit, the defaults) and trinity-noff
-#              (RFTSTACK_PROXY_FAST_FORWARD=0) in one run, 8 rounds per level, plus c=32,64 spread
+#              (RFTSTACK_PROXY_FAST_FORWARD=0) in one run, c=32,64, 8 rounds per level, equal and spread
+#              lengths: the figures of docs/benchmarks.md's Summary (bench/summary_table.py)
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model (run it after qwen3b, whose runs warm the caches)
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
+#   expose     tests/gpu/test_expose_gpu.py         serve --expose: the API key on every route, only the proxy off loopback
+#   cluster    tests/gpu/test_cluster_gpu.py        a GPU-less head and a GPU worker in network namespaces (root)
 #   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
 #              the start-up's silent intervals (the unlogged gap after "init engine")
 #   gap-trinity  the same on `rftstack serve` (Ray workers inherit the sampler through the head)
@@ -32,6 +37,9 @@ LOGS=${LOGS:-/tmp/gs}
 mkdir -p "$LOGS/results"
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 RFTSTACK_GPU_RESULTS=$LOGS/results
 export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}  # no flashinfer-cubin in the bundle
+# one torch.compile cache for every step: each test gives its serve its own XDG_CACHE_HOME, which
+# would otherwise make every serve of the session compile the same model again (about a minute each)
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/vllm-cache}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(rl rel tiny qwen3b ready default)
 
@@ -60,17 +68,19 @@ for step in "${steps[@]}"; do
         train) pytest_gpu train test_train_loop_gpu.py ;;
         rel) pytest_gpu rel test_reliability_gpu.py ;;
         kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
+        faults) pytest_gpu faults test_faults_gpu.py ;;
         tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
         qwen3b-nogroup) RFTSTACK_RECORDER_GROUP_COMMIT=0 bench --model /tmp/bench/qwen3b --label qwen3b-nogroup --phases bare,trinity --budget-s 900 ;;
         proxy3b) bench --model /tmp/bench/qwen3b --label qwen3b-gc --phases bare,trinity,trinity-nogroup --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --budget-s 900 ;;
         proxy3b-ff) bench --model /tmp/bench/qwen3b --label qwen3b-ff --phases bare,trinity,trinity-noff --no-like-proxy \
-                 --rounds 8 --spread 0.75 --spread-levels 32,64 --budget-s 900 ;;
+                 --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
         expose) pytest_gpu expose test_expose_gpu.py ;;
+        cluster) pytest_gpu cluster test_cluster_gpu.py ;;
         gap) wait; python3 bench/silent_gap.py --out "$LOGS/gap" --ready-url http://127.0.0.1:8123/v1/models --timeout 400 \
                  -- vllm serve /tmp/bench/tiny --host 127.0.0.1 --port 8123 --gpu-memory-utilization 0.6 ;;
         gap-trinity) wait; python3 -m rftstack example-config /tmp/bench/tiny -o /tmp/gap-trinity.yaml

@@ -6,7 +6,8 @@ Run on the GPU host as root (network namespaces), the stack installed for python
     PYTHONPATH=$PWD/python python3 -m pytest -q tests/gpu/test_cluster_gpu.py
 Skipped without an NVIDIA GPU, without root or without `ip netns`. Checks: the doctor sees the
 worker's GPU and driver and no CUDA mismatch; serve gets ready; the vLLM engine's processes run in
-the worker's namespace and none in the head's; a chat completion answers through the head's
+the worker's namespace and none in the head's; Trinity's Explorer serves from the head (serve's log
+names RFTSTACK_EXPLORER_NODE, Trinity's log the node); a chat completion answers through the head's
 proxy; SIGINT stops serve (exit 0); stopping the worker and the head leaves no process; GPU memory
 comes back. It prints one JSON line `CLUSTER_GPU {...}` with the timings and where things ran.
 """
@@ -90,6 +91,10 @@ def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
         assert ready, (run.finish(), run.stderr[-5000:])
         t_ready = time.monotonic() - t1
         assert titled(net, worker_ns, b"VLLM::") and not titled(net, head_ns, b"VLLM::")
+        # Trinity's Explorer (the proxy) on the head: serve pins it there (trinity-explorer-node.patch)
+        # and the Explorer logs the node it serves from
+        assert f"RFTSTACK_EXPLORER_NODE={head_ip}" in (tmp_path / "run" / "logs" / "serve.log").read_text()
+        assert f"Starting Trinity Service on http://{head_ip}:" in (tmp_path / "run" / "logs" / "trinity.log").read_text()
         port = run.status()["proxy_port"]
         chat = (
             "import json, urllib.request\n"

@@ -18,7 +18,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -30,8 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ServeRun, rftstack_env
-from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
+from gpu_helpers import assert_all_stopped, experience_rows, gpu_memory_used_mib, gpu_pids, has_gpu, post, start
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -47,34 +45,6 @@ RESULTS = Path(os.environ.get("RFTSTACK_GPU_RESULTS", tempfile.gettempdir()))
 HOLD = ("import time, torch; free, total = torch.cuda.mem_get_info(); "
         "x = torch.empty(int(total * 0.7), dtype=torch.uint8, device='cuda'); "
         "print('holding', x.numel() >> 20, 'MiB', flush=True); time.sleep(900)")  # fmt: skip
-
-
-def start(tmp: Path, name: str, *extra: str) -> ServeRun:
-    from rftstack.run import report_config
-    from rftstack.run import tinymodel
-
-    model = tinymodel.ensure(tmp / "cache" / "rftstack" / "tiny-model")
-    cfg = report_config.write(tmp / f"{name}.yaml", model, max_model_len=2048, project="rel", name=name)
-    env = rftstack_env(XDG_CACHE_HOME=str(tmp / "cache"))
-    return ServeRun(["-c", str(cfg), "--num-gpus", "1", *extra], env, tmp, tmp / f"run-{name}")
-
-
-def assert_all_stopped(run: ServeRun, tags: list[str], baseline_mib: int) -> float:
-    """No process of the run left, none on the GPU, GPU memory back; returns seconds until it was."""
-    from rftstack.run import supervisor
-
-    assert all(supervisor.tagged(tag) == [] for tag in tags)
-    freed_after = memory_back_after(baseline_mib, 60)
-    assert freed_after is not None
-    return freed_after
-
-
-def experience_rows(db: str) -> list[tuple[str, float]]:
-    con = sqlite3.connect(db)
-    try:
-        return list(con.execute("select msg_id, reward from experience_buffer"))
-    finally:
-        con.close()
 
 
 def rss_mib(pid: int) -> float | None:

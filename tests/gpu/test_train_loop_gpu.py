@@ -68,6 +68,24 @@ class Client(threading.Thread):
             time.sleep(0.05)
 
 
+class MemorySampler(threading.Thread):
+    """The GPU's used memory (nvidia-smi, all processes) twice a second: the peak while training,
+    minus what the serve held before the trainer started, is the trainer's peak."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.peak_mib = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.peak_mib = max(self.peak_mib, gpu_memory_used_mib())
+            except Exception:  # noqa: BLE001 - a missed sample is not a finding
+                pass
+            time.sleep(0.5)
+
+
 class Loop:
     def __init__(self, tmp: Path, serve: ServeRun, ready: dict, baseline_mib: int, train_cfg: Path):
         from openai import OpenAI
@@ -187,6 +205,9 @@ def test_train_two_steps_and_serve_follows_without_failed_requests(loop):
     env = rftstack_env(XDG_CACHE_HOME=str(loop.tmp / "cache"))
     client = Client(loop.endpoint, loop.model)
     client.start()
+    serve_mib = gpu_memory_used_mib()
+    memory = MemorySampler()
+    memory.start()
     t_train = time.monotonic()
     loop.train = ServeRun(["-c", str(loop.train_cfg), "--num-gpus", "1"], env, loop.tmp, loop.tmp / "train-run", command="train")
     try:
@@ -209,7 +230,11 @@ def test_train_two_steps_and_serve_follows_without_failed_requests(loop):
         assert rc == 0, loop.train.stderr[-6000:]
     finally:
         client.stop.set()
+        memory.stop.set()
         client.join(timeout=360)
+    loop.results.update(gpu_used_before_train_mib=serve_mib, gpu_used_peak_mib=memory.peak_mib,
+                        trainer_peak_mib=memory.peak_mib - serve_mib, gpu_baseline_mib=loop.baseline_mib)  # fmt: skip
+    print(f"GPU memory: {loop.baseline_mib} MiB before serve, {serve_mib} MiB with serve, peak {memory.peak_mib} MiB while training")
     loop.results.update(requests_ok=client.ok, requests_failed=len(client.failures), versions_seen=loop.versions_seen,
                         reload_lag_s=loop.reload_lag_s, greedy=loop.greedy)  # fmt: skip
     assert client.failures == [], client.failures[:5]
@@ -281,9 +306,14 @@ def test_no_experience_trained_twice(loop):
     db = loop.ready["data"]["experience_buffer"].removeprefix("sqlite:///")
     con = sqlite3.connect(db)
     rows = con.execute("select consumed, count(*) from experience_buffer group by consumed").fetchall()
+    # trinity-sql-read-requeue.patch's record: which rows each step's batch took (each row once)
+    steps = con.execute("select step, count(*), count(distinct id) from experience_buffer_reads group by step").fetchall()
+    (read_rows,) = con.execute("select count(distinct id) from experience_buffer_reads").fetchone()
     con.close()
     loop.results["consumed_histogram"] = rows
+    loop.results["reads_per_step"] = steps
     assert dict(rows) == {1: 2 * BATCH}
+    assert steps == [(1, BATCH, BATCH), (2, BATCH, BATCH)] and read_rows == 2 * BATCH
 
 
 def test_train_stopped_cleanly(loop):

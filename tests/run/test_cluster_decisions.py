@@ -8,7 +8,7 @@ import pytest
 from rftstack.doctor.checks import cluster
 from rftstack.doctor import cluster_net
 from rftstack.run import ray_head, ray_worker
-from rftstack.findings import FAIL, OK, WARN
+from rftstack.findings import FAIL, INFO, OK, WARN
 
 from helpers import run_cli
 
@@ -167,3 +167,46 @@ def test_paths_findings():
     assert found["cluster.model_path"].status == FAIL and "10.0.0.2" in found["cluster.model_path"].message
     assert found["cluster.checkpoint_root"].status == WARN and found["cluster.checkpoint_root"].data == {"not_writable_on": ["10.0.0.2"]}
     assert cluster.paths_findings([head, worker], {}) == []
+
+
+def marked_node(ip, gpus, sees: dict):
+    node = path_node(ip, gpus, True, True)
+    node["report"]["markers"] = sees
+    return node
+
+
+def test_shared_directories_by_marker(tmp_path):
+    """A node that reads another content (or nothing) at a marker's path has another directory
+    there: the checkpoint root is not shared (WARN); a train run's SQLite store is not on a GPU
+    node where Ray may place the trainer (FAIL)."""
+    (tmp_path / "ckpt").mkdir()
+    markers = cluster.place_markers({"checkpoints": str(tmp_path / "ckpt"), "store": str(tmp_path / "missing")})
+    assert set(markers) == {"checkpoints"}  # no marker where the directory does not exist here
+    path, content = markers["checkpoints"]
+    assert open(path).read() == content and path.startswith(str(tmp_path / "ckpt"))
+    cluster.remove_markers(markers)
+    assert list((tmp_path / "ckpt").iterdir()) == []
+
+    paths = {"model": "/models/q", "checkpoints": "/shared/ckpt"}
+    marks = {"checkpoints": ["/shared/ckpt/.m", "x"], "store": ["/shared/ckpt/p/buffer/.m", "y"]}
+    url = "sqlite:////shared/ckpt/p/buffer/experience_buffer.db"
+    head = marked_node("10.0.0.1", 0, {"checkpoints": True, "store": True})
+    worker = marked_node("10.0.0.2", 1, {"checkpoints": False, "store": False})
+    found = {f.check: f for f in cluster.paths_findings([head, worker], paths, marks, url)}
+    assert found["cluster.checkpoint_root"].status == WARN and found["cluster.checkpoint_root"].data == {"not_shared_on": ["10.0.0.2"]}
+    store = found["cluster.experience_store"]
+    assert store.status == FAIL and store.data == {"not_shared_on": ["10.0.0.2"]} and "/shared/ckpt/p/buffer" in store.message
+    assert "checkpoint_root_dir" in store.fix
+    worker = marked_node("10.0.0.2", 1, {"checkpoints": True, "store": True})
+    found = {f.check: f for f in cluster.paths_findings([head, worker], paths, marks, url)}
+    assert found["cluster.checkpoint_root"].status == OK and "the same directory on each" in found["cluster.checkpoint_root"].message
+    assert found["cluster.experience_store"].status == OK and "every GPU node (1)" in found["cluster.experience_store"].message
+    # the head (no GPU, no trainer) need not see the store; one node needs nothing shared
+    head = marked_node("10.0.0.1", 0, {"checkpoints": True, "store": False})
+    assert cluster.store_finding([head, worker], url, marks).status == OK
+    assert cluster.store_finding([worker], url, {}).status == OK
+    # not checkable here (no store directory yet), a database server, no store given
+    assert cluster.store_finding([head, worker], url, {"checkpoints": marks["checkpoints"]}).status == WARN
+    assert cluster.store_finding([head, worker], "postgresql://db/x", {}).status == INFO
+    assert "cluster.experience_store" not in {f.check for f in cluster.paths_findings([head, worker], paths, marks)}
+    assert cluster.store_file(url) == "/shared/ckpt/p/buffer/experience_buffer.db" and cluster.store_file("postgresql://db/x") is None

@@ -8,12 +8,19 @@ listening socket of the cluster is on the node's private address or loopback, or
 address that reaches only those two (the namespace has no other interface): Ray 2.60 binds its
 gRPC servers to the wildcard, and rftstack reports exactly those ports; `rftstack doctor
 --ray-address` reports both nodes; `rftstack serve --ray-address` on the head, with the trinity
-test double, gets its engine actor (which asks for a GPU) placed on the worker and answers on the
-head's loopback; stopping the worker (SIGTERM to `ray-worker --block`) and then the head
-(`ray-head --stop`) leaves no process in either namespace.
+test double, gets its engine actor (which asks for a GPU) placed on the worker and its explorer
+actor (made by Trinity's own, patched `Explorer.get_actor`; it serves the proxy) on the head, and
+answers on the head's loopback; Trinity's `get_actor` as published lets Ray place the explorer on
+the idle worker when the head's CPUs are taken, the patched one keeps it on the node it is given
+(trinity-explorer-node.patch); `rftstack doctor --ray-address` with a train config finds the
+checkpoint root and the experience store shared by both nodes, and `rftstack train --ray-address`
+fails its preflight on `cluster.experience_store` when they are on the head's disk only (the worker
+has a directory of its own at that path); stopping the worker (SIGTERM to `ray-worker --block`) and then the
+head (`ray-head --stop`) leaves no process in either namespace.
 """
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -22,8 +29,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from rftstack.run import ray_head
+from rftstack.run import ray_head, train_config
 
 from helpers import rftstack_env
 from netns_helpers import PrivateNet, unavailable
@@ -77,7 +85,9 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
     env = rftstack_env(HOME=str(tmp_path))  # no ~/.ray/auth_token can help a node
     common = ["--num-cpus", "1", "--num-gpus", "0", "--json"]
 
-    out = cli(net, head_ns, "ray-head", "--listen", head_ip, "--state-dir", str(tmp_path / "head"), *common, env=env)
+    # two CPUs on the head (the placement check below fills them)
+    head_args = ["--num-cpus", "2", *common[2:]]
+    out = cli(net, head_ns, "ray-head", "--listen", head_ip, "--state-dir", str(tmp_path / "head"), *head_args, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     head = json.loads(out.stdout)
     net.temp_dirs.append(head["temp_dir"])
@@ -104,9 +114,13 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
     assert net.pids(worker_ns) == [] and not [d for d in Path("/tmp").glob("rfts-rayw-*") if d.name not in before]
 
     # with the token it joins (in the foreground, advertising one GPU: a resource count, this machine
-    # has none); a driver on the head sees both nodes
+    # has none); a driver on the head sees both nodes. `private` is a directory of its own on the
+    # worker (a tmpfs in its mount namespace): a local disk, where the head's files are not
+    private = tmp_path / "private"
+    (private / "p" / "n" / "buffer").mkdir(parents=True)
     gpu_join = [a if a != "0" or join[i - 1] != "--num-gpus" else "1" for i, a in enumerate(join)]
-    blocked = subprocess.Popen(net.cmd(worker_ns, [sys.executable, "-m", "rftstack", *gpu_join, "--token-file", str(token), "--block"]),
+    own_disk = ["sh", "-c", 'mount -t tmpfs rftstack-private "$0" && exec "$@"', str(private)]
+    blocked = subprocess.Popen(net.cmd(worker_ns, [*own_disk, sys.executable, "-m", "rftstack", *gpu_join, "--token-file", str(token), "--block"]),
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     line = blocked.stdout.readline()
     assert line, blocked.stderr.read()[-3000:]
@@ -118,10 +132,15 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
     assert nodes.returncode == 0, nodes.stderr[-2000:]
     assert sorted(json.loads(nodes.stdout.splitlines()[-1])) == sorted([head_ip, worker_ip])
 
-    # the doctor sees both nodes, the worker's GPU, one clock, the token, and the shared paths on each node
+    # the doctor sees both nodes, the worker's GPU, one clock, the token, and the shared paths on each
+    # node (a train config: the experience store's directory too)
     (tmp_path / "model").mkdir()
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "p" / "n" / "buffer").mkdir(parents=True)
     dcfg = tmp_path / "doctor.yaml"
-    dcfg.write_text(f"mode: serve\nmodel:\n  model_path: {tmp_path / 'model'}\ncheckpoint_root_dir: {tmp_path / 'ckpt'}\n")
+    dconf = train_config.example(str(tmp_path / "model"), checkpoint_root_dir=str(ckpt), project="p", name="n")
+    dconf["buffer"]["trainer_input"] = {"experience_buffer": train_config.store_config(dconf)}  # as `rftstack train` sets it
+    dcfg.write_text(yaml.safe_dump(dconf))
     out = cli(net, head_ns, "doctor", "--ray-address", head["address"], "--ray-token-path", head["token_path"], "--json", "-c", str(dcfg),
               *[f"--skip={c}" for c in ("gpu", "elf", "toolchain", "pyenv", "vllm-api", "config", "rl-loop", "model")], env=env)
     found = {f["check"]: f for f in json.loads(out.stdout)["findings"]}
@@ -131,7 +150,22 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
     assert found["cluster.clock"]["status"] == "ok" and set(found["cluster.clock"]["data"]["offsets_s"]) == {head_ip, worker_ip}
     assert found["cluster.token"]["status"] == "ok"
     assert found["cluster.model_path"]["status"] == "ok" and "on every GPU node (1)" in found["cluster.model_path"]["message"]
-    assert found["cluster.checkpoint_root"]["status"] == "ok" and "every node (2)" in found["cluster.checkpoint_root"]["message"]
+    assert found["cluster.checkpoint_root"]["status"] == "ok" and "every node (2), the same directory on each" in found["cluster.checkpoint_root"]["message"]
+    assert found["cluster.experience_store"]["status"] == "ok" and "every GPU node (1)" in found["cluster.experience_store"]["message"]
+    assert not list(ckpt.glob(".rftstack-shared-*")) and not list((ckpt / "p" / "n" / "buffer").glob(".rftstack-shared-*"))
+
+    # train's preflight, joined to the cluster, with its checkpoint root (and so its experience
+    # store) on this machine's disk only, not the worker's: it fails on cluster.experience_store
+    if os.environ.get("RFTSTACK_TEST_SKIP_DOCTOR") != "1":
+        tcfg = tmp_path / "train.yaml"
+        tcfg.write_text(yaml.safe_dump(train_config.example(str(tmp_path / "model"), checkpoint_root_dir=str(private), project="p", name="n")))
+        train = serve_runner(["--ray-address", head["address"], "--ray-token-path", head["token_path"], "-c", str(tcfg)], command="train",
+                             prefix=net.cmd(head_ns, []), HOME=str(tmp_path))  # fmt: skip
+        assert train.finish(timeout=600) == 1, train.stderr[-3000:]
+        assert "cluster.experience_store" in train.status()["exit_reason"], train.status()
+        log = (train.run_dir / "logs" / "train.log").read_text()
+        assert f"(SQLite) is not on shared storage: GPU node(s) {worker_ip}, where Ray may place the trainer" in log, log[-3000:]
+        assert f"is not shared: node(s) {worker_ip} have another directory" in log
 
     # listening sockets: the node's private address, loopback, or a wildcard that reaches only those
     for ns, ip, info in ((head_ns, head_ip, head), (worker_ns, worker_ip, worker)):
@@ -150,14 +184,18 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
         lo, hi = ray_head.WORKER_PORT_RANGE
         assert all(lo <= p <= hi for p in wild - set(named.values()))  # the rest: Ray's worker processes
 
-    # serve on the head: the engine actor (asking for a GPU) runs on the worker, the proxy on the head
+    # serve on the head: the engine actor (asking for a GPU) runs on the worker, the explorer actor
+    # (Trinity's get_actor, which serve pins with RFTSTACK_EXPLORER_NODE) and its proxy on the head
+    explorer_py = installed_explorer()
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("mode: serve\nmodel:\n  model_path: /models/m\ncluster: {node_num: 1, gpu_per_node: 1}\nexplorer: {}\n")
     run = serve_runner(["--skip-doctor", "--port", "0", "--ray-address", head["address"], "--ray-token-path", head["token_path"],
-                        "-c", str(cfg)], fake="engine_gpu", prefix=net.cmd(head_ns, []), HOME=str(tmp_path))  # fmt: skip
+                        "-c", str(cfg)], fake="engine_gpu,explorer_actor", prefix=net.cmd(head_ns, []), HOME=str(tmp_path))  # fmt: skip
     ready = run.wait_event("ready", timeout=300)
     assert ready, (run.finish() or "") and run.stderr[-3000:]
-    assert json.loads((tmp_path / "fake-pids.json").read_text())["engine_node"] == worker_ip
+    placed = json.loads((tmp_path / "fake-pids.json").read_text())
+    assert (placed["engine_node"], placed["explorer_node"]) == (worker_ip, head_ip)
+    assert f"RFTSTACK_EXPLORER_NODE={head_ip}" in (run.run_dir / "logs" / "serve.log").read_text()
     assert engines(net, worker_ns) and not engines(net, head_ns)
     proxy = f"http://127.0.0.1:{run.status()['proxy_port']}"
     models = subprocess.run(net.cmd(head_ns, [sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen('{proxy}/v1/models', timeout=10).read().decode())"]),
@@ -170,6 +208,21 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
         time.sleep(0.5)
     assert not engines(net, worker_ns)
 
+    # Trinity's get_actor as published: Ray runs the explorer on the head while it has a free CPU,
+    # on the idle worker once the head's CPUs are taken (so does the patched code switched off with
+    # an empty RFTSTACK_EXPLORER_NODE); the patched code runs it on the head all the same (an actor
+    # holds no CPU once it runs); an address that is no live node is one sentence
+    original = tmp_path / "explorer_original.py"
+    original.write_text(unpatched_explorer(explorer_py.read_text()))
+    out = subprocess.run(net.cmd(head_ns, [sys.executable, "-c", PLACEMENT, head_ip, str(explorer_py), str(original)]),
+                         env={**env, **head["env"]}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    placement = json.loads(out.stdout.split("PLACEMENT ", 1)[1])
+    assert placement == {"original_head_free": head_ip, "original": worker_ip, "switched_off": worker_ip,
+                         "patched": head_ip,
+                         "unknown": "RFTSTACK_EXPLORER_NODE=10.255.255.254 is not the address of a live node of this Ray cluster; "
+                                    "set it to the address of the node where the proxy must run, or to nothing to let Ray place it"}  # fmt: skip
+
     # stopping the worker (SIGTERM to the foreground command), then the head, leaves nothing in either namespace
     blocked.send_signal(signal.SIGTERM)
     assert blocked.wait(timeout=120) == 0, blocked.stderr.read()[-2000:]
@@ -177,6 +230,87 @@ def test_two_nodes_token_private_sockets_serve_clean_stop(net, tmp_path, serve_r
     out = cli(net, head_ns, "ray-head", "--stop", "--state-dir", str(tmp_path / "head"), "--json", env=env, timeout=120)
     assert out.returncode == 0 and json.loads(out.stdout)["stopped"] is True, out.stdout + out.stderr
     assert net.pids(head_ns) == []
+
+
+def installed_explorer() -> Path:
+    """trinity/explorer/explorer.py as installed: with trinity-explorer-node.patch (rftstack relax)."""
+    import trinity
+
+    path = Path(trinity.__file__).parent / "explorer" / "explorer.py"
+    assert "RFTSTACK_EXPLORER_NODE" in path.read_text(), f"{path} lacks trinity-explorer-node.patch; run `rftstack relax`"
+    return path
+
+
+def unpatched_explorer(text: str) -> str:
+    """explorer.py as published: the installed text with trinity-explorer-node.patch reversed."""
+    from rftstack.stack import patches
+
+    (fp,) = patches.parse((patches.patches_dir() / "trinity-explorer-node.patch").read_text())
+    back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+    out = patches.apply_text(text, back)[0]
+    assert "RFTSTACK_EXPLORER_NODE" not in out
+    return out
+
+
+# Explorer.get_actor from an explorer.py, on its own (the module imports vLLM and torch), creating
+# a probe actor in place of the Explorer: where does Ray run it?
+PLACEMENT = """
+import ast, json, os, sys, time, types
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+def get_actor_of(path):
+    src = open(path).read()
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "Explorer")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "get_actor")
+    lines = src.splitlines()[fn.decorator_list[0].lineno - 1 : fn.end_lineno]
+    ns = {"os": os, "ray": ray, "Config": object}
+    exec("class Explorer:\\n" + "\\n".join(lines) + "\\n", ns)
+    return ns["Explorer"].get_actor.__func__
+
+class Probe:
+    def __init__(self, config):
+        pass
+    def node(self):
+        return ray.util.get_node_ip_address()
+
+def explorer(path, node, name):
+    os.environ.pop("RFTSTACK_EXPLORER_NODE", None)
+    if node is not None:
+        os.environ["RFTSTACK_EXPLORER_NODE"] = node
+    return get_actor_of(path)(Probe, types.SimpleNamespace(explorer=types.SimpleNamespace(name=name), ray_namespace="placement"))
+
+def settle(cpus):
+    end = time.time() + 60
+    while ray.available_resources().get("CPU", 0) < cpus and time.time() < end:
+        time.sleep(0.2)
+
+head, patched, original = sys.argv[1:4]
+ray.init(log_to_driver=False, logging_level="ERROR")
+ids = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+total = ray.cluster_resources()["CPU"]
+head_cpus = next(n["Resources"]["CPU"] for n in ray.nodes() if n["NodeManagerAddress"] == head)
+out = {}
+a = explorer(original, None, "e0")
+out["original_head_free"] = ray.get(a.node.remote(), timeout=120)
+ray.kill(a)
+settle(total)
+load = ray.remote(num_cpus=head_cpus)(Probe).options(scheduling_strategy=NodeAffinitySchedulingStrategy(ids[head], soft=False)).remote(None)
+assert ray.get(load.node.remote()) == head
+for name, path, node in (("original", original, None), ("switched_off", patched, "")):
+    a = explorer(path, node, "e-" + name)
+    out[name] = ray.get(a.node.remote(), timeout=120)
+    ray.kill(a)
+    settle(total - head_cpus)
+a = explorer(patched, head, "e-patched")
+out["patched"] = ray.get(a.node.remote(), timeout=120)
+try:
+    explorer(patched, "10.255.255.254", "e-unknown")
+    out["unknown"] = "created"
+except RuntimeError as exc:
+    out["unknown"] = str(exc)
+print("PLACEMENT " + json.dumps(out))
+"""
 
 
 NODES = """

@@ -15,7 +15,7 @@ from rftstack.doctor import netstat
 from rftstack.run import serve
 from rftstack.run import supervisor
 
-from helpers import FAKE_TRINITY, rftstack_env, run_python
+from helpers import FAKE_TRINITY, ray_gcs_pid, rftstack_env, run_python, trinity_driver_pids
 
 pytestmark = pytest.mark.slow
 
@@ -218,6 +218,8 @@ def test_own_head_is_loopback_only_and_ray_death_stops_trinity(tmp_path, serve_r
     assert len(socks) >= 5
     assert [(pid, cmd, l.address, l.port) for pid, cmd, l in socks if not l.loopback] == []
     assert (tmp_path / "run0" / "ray").is_symlink() and (tmp_path / "run0" / "logs" / "ray-start.log").exists()
+    # Trinity's explorer (the proxy) is pinned to this serve's own head (trinity-explorer-node.patch)
+    assert "env: RFTSTACK_EXPLORER_NODE=127.0.0.1: Trinity's explorer (the proxy) runs on this machine's Ray node" in (tmp_path / "run0" / "logs" / "serve.log").read_text()
     gcs = [p.pid for p in supervisor.tagged(ray_tag) if "gcs_server" in p.cmdline]
     assert len(gcs) == 1
     os.kill(gcs[0], signal.SIGKILL)
@@ -354,3 +356,22 @@ def test_a_head_that_refuses_a_driver_ends_the_serve(tmp_path):
     st = json.loads((run_dir / "status.json").read_text())
     assert st["phase"] == "failed" and st["exit_code"] == 2
     assert supervisor.tagged(st["tag"]) == [] and supervisor.tagged(st["ray"]["tag"]) == []
+
+
+def test_kill9_of_trinity_ends_the_serve_with_its_code(tmp_path, serve_runner):
+    """kill -9 of the `trinity run` process (found by its command line among the serve's tagged
+    processes, as tests/gpu/test_faults_gpu.py finds the real one): serve exits 1 with `trinity
+    exited with code -9`, and stops its own Ray head, whose GCS the same helpers find."""
+    run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)], fake="check_ray,grandchildren")
+    assert run.wait_event("ready", timeout=400), (run.finish(), run.stderr)
+    st = run.status()
+    pids = json.loads((tmp_path / "fake-pids.json").read_text())
+    assert trinity_driver_pids(st["tag"]) == [st["trinity_pid"]] == [pids["trinity"]]
+    gcs = ray_gcs_pid(st["ray"]["tag"])
+    assert gcs and "gcs_server" in supervisor.read_proc(gcs).cmdline
+    os.kill(st["trinity_pid"], signal.SIGKILL)
+    assert run.finish() == 1
+    assert "FAILED: trinity exited with code -9" in run.stderr
+    assert run.status()["exit_reason"] == "trinity exited with code -9" and run.status()["phase"] == "failed"
+    assert not supervisor.alive(gcs)
+    assert_nothing_left(run)

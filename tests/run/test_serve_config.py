@@ -100,6 +100,18 @@ def test_environment_decisions():
     assert (exposed["VLLM_HOST_IP"], exposed["GLOO_SOCKET_IFNAME"], exposed["NCCL_SOCKET_IFNAME"]) == ("127.0.0.1", "lo", "lo")
 
 
+def test_environment_pins_the_explorer_unless_the_user_chose():
+    """RFTSTACK_EXPLORER_NODE (read by trinity-explorer-node.patch): serve's node, unless the
+    environment already has a value (an empty one: Ray places the explorer, as upstream)."""
+    ray_env = {"RAY_ADDRESS": "10.0.0.1:6379"}
+    env, notes = serve_config.environment({}, ray_env=ray_env, tag="t", nvcc="nvcc", explorer_node="10.0.0.1")
+    assert env["RFTSTACK_EXPLORER_NODE"] == "10.0.0.1" and any("RFTSTACK_EXPLORER_NODE=10.0.0.1" in n for n in notes)
+    env, notes = serve_config.environment({"RFTSTACK_EXPLORER_NODE": ""}, ray_env=ray_env, tag="t", nvcc="nvcc", explorer_node="10.0.0.1")
+    assert env["RFTSTACK_EXPLORER_NODE"] == "" and any("where Ray places it" in n for n in notes)
+    env, _ = serve_config.environment({}, ray_env=ray_env, tag="t", nvcc="nvcc")
+    assert "RFTSTACK_EXPLORER_NODE" not in env  # train: no explorer
+
+
 TRINITY_CHECK = r"""
 import json, sys
 from trinity.common.config import load_config

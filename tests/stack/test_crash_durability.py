@@ -236,3 +236,64 @@ def test_rewards_stranded_by_a_crash_are_delivered_once_after_restart(double, po
     assert sorted(c["msg_id"] for c in commits(px3)) == sorted(ids)  # nothing delivered twice
     _, rows = stored(px3.db)
     assert {rid: rows[rid][0]["consumed"] for rid in ids} == {rid: 2 for rid in ids}
+
+
+def buffer_ids(db: Path) -> list[str]:
+    """The msg_ids in the SQLite experience buffer (Trinity's SQLExperienceStorage table), in row order."""
+    if not db.exists():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [m for (m,) in con.execute("select msg_id from experience_buffer order by id")]
+    except sqlite3.OperationalError as exc:  # the table is made by the first write
+        if "no such table" in str(exc):
+            return []
+        raise
+    finally:
+        con.close()
+
+
+def consumed(db: Path) -> dict[str, int]:
+    _, rows = stored(db)
+    return {rid: rs[0]["consumed"] for rid, rs in rows.items()}
+
+
+@pytest.mark.parametrize(("point", "pending"), [("after-write", True), ("before-write", True), ("after-write", False)],
+                         ids=["after-write", "before-write", "after-write-pending-off"])  # fmt: skip
+def test_kill_during_commit_delivers_each_experience_once_after_restart(double, policy_site, tmp_path, point, pending):
+    """6 responses rewarded, then /commit, and the proxy's process SIGKILLs itself inside it right
+    before or right after the experience buffer's write (an SQLite buffer written by Trinity's
+    SQLExperienceStorage, the storage of a serve's experience buffer). A new process on the same
+    proxy_history.db and buffer, and its /commit: each experience is in the buffer exactly once.
+    With RFTSTACK_PROXY_COMMIT_PENDING=0 (the commit-marks patch without its mark before the write)
+    a kill after the write delivers the 6 again: the window the mark closes."""
+    work = tmp_path / "proxy"
+    env = {"RFTSTACK_PROXY_COMMIT_PENDING": "1" if pending else "0"}
+    px = Proxy(double.base_url, work, policy_site, buffer=True, kill_in_commit=point, env=env)
+    try:
+        ids = [ask(px, i, max_tokens=3) for i in range(6)]
+        for rid in ids:
+            feedback(px, rid, 0.5)
+        with pytest.raises(OSError):  # the connection dies with the process
+            post(px.base + "/commit", {})
+        assert px.proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        kill9(px)
+    assert f"KILL {point}" in px.log.read_text()
+    written = ids if point == "after-write" else []
+    assert sorted(buffer_ids(px.buffer)) == sorted(written)
+    assert consumed(px.db) == {rid: 3 if pending else 1 for rid in ids}  # 3: the /commit was under way
+
+    px2 = Proxy(double.base_url, work, policy_site, buffer=True, env=env)
+    try:
+        restored = 0 if pending and point == "after-write" else len(ids)
+        assert f"RESTORED {restored}" in px2.log.read_text()
+        assert post(px2.base + "/commit", {})["status"] == "success"
+    finally:
+        px2.stop()
+    delivered = buffer_ids(px2.buffer)
+    if not pending:
+        assert sorted(delivered) == sorted(ids * 2), "without the mark before the write, the cut-off /commit is delivered again"
+        return
+    assert sorted(delivered) == sorted(ids)  # each experience once, wherever the kill fell
+    assert consumed(px2.db) == {rid: 2 for rid in ids}  # committed: no later process delivers them

@@ -135,6 +135,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-store-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-stream-record.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-synchronizer-unparsable-sleep.patch: trinity/manager/synchronizer.py: applied",
+        "trinity-explorer-node.patch: trinity/explorer/explorer.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-feedback-errors.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-recorder-group-commit.patch: trinity/explorer/proxy/recorder.py: applied",
@@ -144,6 +145,8 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-request-hygiene.patch: trinity/explorer/proxy/app.py: applied",
         "uvicorn-httptools-ignore-upgrade.patch: uvicorn/protocols/http/httptools_impl.py: applied",
         "trinity-proxy-fast-forward.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-sql-read-requeue.patch: trinity/buffer/storage/sql.py: applied",
+        "trinity-sql-read-requeue.patch: trinity/algorithm/sample_strategy/sample_strategy.py: applied",
         "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

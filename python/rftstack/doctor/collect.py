@@ -185,14 +185,25 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         def cluster_findings():
             say(f"asking every node of the Ray cluster at {cluster_address} to describe itself (a Ray driver, seconds)...")
             token = str(Path(ray_token_path).absolute()) if ray_token_path else ""
-            paths = {}
+            paths, shared = {}, {}
+            store = None
             if raw is not None:
                 for name, key in (("model", "model.model_path"), ("checkpoints", "checkpoint_root_dir")):
                     value = config_check.get(raw, key, None)
                     if isinstance(value, str) and value:
                         paths[name] = str(Path(value).absolute())
-            nodes, why = cluster.report(cluster_address, {**env, **cluster_net.client_env(cluster_address, token)}, paths)
-            return cluster.check(cluster_address, nodes, why, ray_token_path, paths)
+                if "checkpoints" in paths:
+                    shared["checkpoints"] = paths["checkpoints"]
+                if config_check.get(raw, "mode", None) == "train":  # the trainer reads the store where Ray places it
+                    store = config_check.get(raw, "buffer.trainer_input.experience_buffer.path", None)
+                    if cluster.store_file(store):
+                        shared["store"] = str(Path(cluster.store_file(store)).absolute().parent)
+            markers = cluster.place_markers(shared)
+            try:
+                nodes, why = cluster.report(cluster_address, {**env, **cluster_net.client_env(cluster_address, token)}, paths, markers=markers)
+            finally:
+                cluster.remove_markers(markers)
+            return cluster.check(cluster_address, nodes, why, ray_token_path, paths, markers, store)
 
         run("cluster", cluster_findings)
     return run.out

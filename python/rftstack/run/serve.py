@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from rftstack.doctor import netstat
+from rftstack.doctor import cluster_net, netstat
 from rftstack.run import apikey
 from rftstack.run import ray_head
 from rftstack.run import readiness
@@ -396,9 +396,8 @@ class Serve:
             self.say(f"  {c.render()}")
         for w in serve_config.warnings(cfg, expose=self.args.expose) + patch_warnings():
             self.say(f"WARNING: {w}")
-        env, notes = serve_config.environment(
-            dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)), expose=self.args.expose
-        )
+        env, notes = serve_config.environment(dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)),
+                                              expose=self.args.expose, explorer_node=self._node_ip(ray_address))  # fmt: skip
         env.update(plan.proxy_env)
         for n in notes:
             self.say(f"env: {n}")
@@ -407,6 +406,16 @@ class Serve:
         base_url = f"{scheme}://{serve_config.LOOPBACK if host in ('0.0.0.0', '::') else host}:{plan.port}"
         api_key = plan.key_file.read_text().strip() if plan.key_file else None
         return Launch(cfg, env, plan.port, host, base_url, api_key)
+
+    def _node_ip(self, ray_address: str) -> str:
+        """This machine's address in the Ray cluster: the own head's, else the local end of the route
+        to the joined head (what Ray itself advertises for a node or a driver here)."""
+        if self.head is not None:
+            return self.head.node_ip
+        try:
+            return cluster_net.route_source(*cluster_net.split_address(ray_address))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
 
     # -- phase trinity, then loading
     def _start_trinity(self, launch: Launch) -> None:

@@ -26,6 +26,9 @@ DEFAULT_PROXY_PORT = 8010  # trinity's explorer.proxy_port default
 # new weights in service up to ~90 s after the checkpoint (51 s measured on the H200).
 STATUS_CHECK_INTERVAL_S = 2
 _MISSING = object()
+# read by patches/trinity-explorer-node.patch: the Ray node (its address) where Trinity's explorer,
+# and so the proxy, runs; empty: wherever Ray places it (upstream)
+EXPLORER_NODE_VAR = "RFTSTACK_EXPLORER_NODE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,8 +230,11 @@ def environment(
     tag: str,
     nvcc: str | None,
     expose: bool = False,
+    explorer_node: str | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """trinity's environment and one line per decision. ``nvcc``: path of nvcc found, or None.
+    ``explorer_node``: the Ray node address of this machine, where Trinity's explorer (the proxy)
+    must run (trinity-explorer-node.patch reads EXPLORER_NODE_VAR); a value in ``base`` wins.
 
     The loopback settings are not tied to --expose: --expose opens the proxy only; Ray, the vLLM
     engines' own servers and the weight-sync rendezvous stay on loopback (one machine).
@@ -248,6 +254,13 @@ def environment(
     # NCCL's bootstrap and socket transport: loopback (one machine; NVLink/P2P/SHM are unaffected).
     env["NCCL_SOCKET_IFNAME"] = "lo"
     notes.append("Ray, vLLM, gloo and NCCL bound to loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, VLLM_HOST_IP, GLOO/NCCL_SOCKET_IFNAME=lo)")
+    if explorer_node is not None:
+        if EXPLORER_NODE_VAR in base:
+            where = f"on node {base[EXPLORER_NODE_VAR]}" if base[EXPLORER_NODE_VAR] else "where Ray places it (upstream)"
+            notes.append(f"{EXPLORER_NODE_VAR} from the environment: Trinity's explorer (the proxy) runs {where}")
+        else:
+            env[EXPLORER_NODE_VAR] = explorer_node
+            notes.append(f"{EXPLORER_NODE_VAR}={explorer_node}: Trinity's explorer (the proxy) runs on this machine's Ray node")
     if nvcc is None and "VLLM_USE_FLASHINFER_SAMPLER" not in base:
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
         notes.append("VLLM_USE_FLASHINFER_SAMPLER=0: no nvcc on PATH or in CUDA_HOME, FlashInfer's sampler cannot JIT-compile")

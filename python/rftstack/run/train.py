@@ -174,7 +174,11 @@ class Train(serve.Serve):
         from rftstack.findings import FAIL, render
 
         self.say("preflight: rftstack doctor (train side)")
-        found = collect(config_path, skip=SKIP_FOR_TRAIN, progress=lambda m: self.say(f"  {m}"))
+        # with --ray-address: the cluster's nodes too, and whether the GPU nodes (where Ray places the
+        # trainer) share the model, the checkpoint root and the experience store (checks/cluster.py)
+        token = self.args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        found = collect(config_path, skip=SKIP_FOR_TRAIN, progress=lambda m: self.say(f"  {m}"),
+                        ray_address=self.args.ray_address, ray_token_path=token if self.args.ray_address else None)  # fmt: skip
         self.say("  importing Trinity's verl trainer in a subprocess...")
         found += trainside.check_trainer_import(*trainside.trainer_import())
         found += trainside.check_attention(train_config.attn_implementation(cfg), flash_attn)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 from rftstack.doctor.checks.gpu import fmt_cuda, max_cuda_for_driver, min_driver_for_cuda
-from rftstack.findings import FAIL, OK, WARN, Finding
+from rftstack.findings import FAIL, INFO, OK, WARN, Finding
 
 SKEW_LIMIT_S = 2.0  # Ray does not need synchronised clocks; logs, checkpoints and timeouts read better with them
 
@@ -27,11 +28,17 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 @ray.remote(num_cpus=0)
-def describe(paths):
+def describe(paths, markers):
     import os
     out = {"hostname": socket.gethostname(), "ip": ray.util.get_node_ip_address()}
     out["paths"] = {k: {"exists": os.path.exists(v), "writable": os.access(v if os.path.exists(v) else os.path.dirname(v.rstrip("/")) or "/", os.W_OK)}
                     for k, v in paths.items()}
+    def sees(path, content):
+        try:
+            return open(path).read() == content
+        except OSError:
+            return False
+    out["markers"] = {k: sees(*v) for k, v in markers.items()}
     try:
         import dataclasses
         from rftstack.doctor.checks import gpu
@@ -49,14 +56,14 @@ def describe(paths):
 def now():
     return time.time()
 
-paths = json.loads(sys.argv[2])
+paths, markers = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 nodes = []
 for n in ray.nodes():
     row = {"node_id": n["NodeID"], "ip": n["NodeManagerAddress"], "alive": n["Alive"], "gpus": n["Resources"].get("GPU", 0)}
     if n["Alive"]:
         pin = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        row["report"] = ray.get(describe.options(scheduling_strategy=pin).remote(paths), timeout=120)
+        row["report"] = ray.get(describe.options(scheduling_strategy=pin).remote(paths, markers), timeout=120)
         ray.get(now.options(scheduling_strategy=pin).remote(), timeout=60)  # the worker is warm now
         t0 = time.time(); t = ray.get(now.options(scheduling_strategy=pin).remote(), timeout=60); t1 = time.time()
         row["clock"] = {"offset_s": t - (t0 + t1) / 2, "uncertainty_s": (t1 - t0) / 2}
@@ -65,18 +72,48 @@ print("CLUSTER " + json.dumps(nodes))
 """
 
 
-def report(address: str, env: dict, paths: dict[str, str] | None = None, timeout: float = 300) -> tuple[list[dict] | None, str]:
+def report(address: str, env: dict, paths: dict[str, str] | None = None, timeout: float = 300,
+           markers: dict[str, list[str]] | None = None) -> tuple[list[dict] | None, str]:  # fmt: skip
     """Run the report driver against ``address``: (nodes, "") or (None, why it failed). Each node
-    also says whether each of ``paths`` (name -> path) exists there and can be written."""
+    also says whether each of ``paths`` (name -> path) exists there and can be written, and whether
+    it reads each of ``markers`` (name -> [file, content], see place_markers) as written here."""
+    argv = [sys.executable, "-c", REPORT, address, json.dumps(paths or {}), json.dumps(markers or {})]
     try:
-        out = subprocess.run([sys.executable, "-c", REPORT, address, json.dumps(paths or {})], env=env, capture_output=True, text=True,
-                             timeout=timeout, start_new_session=True)  # fmt: skip
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
     except subprocess.TimeoutExpired:
         return None, f"no answer within {timeout:.0f} s"
     for line in out.stdout.splitlines():
         if line.startswith("CLUSTER "):
             return json.loads(line[len("CLUSTER ") :]), ""
     return None, (out.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def place_markers(dirs: dict[str, str]) -> dict[str, list[str]]:
+    """A file with random content in each existing, writable directory (name -> directory): a node
+    that reads the same content there sees the same directory (shared storage), not a local one of
+    the same name. Directories that do not exist here (or cannot be written) get none."""
+    out = {}
+    for name, d in dirs.items():
+        content = secrets.token_hex(16)
+        path = Path(d, f".rftstack-shared-{content[:12]}")
+        try:
+            path.write_text(content)
+        except OSError:
+            continue
+        out[name] = [str(path), content]
+    return out
+
+
+def remove_markers(markers: dict[str, list[str]]) -> None:
+    for path, _ in markers.values():
+        Path(path).unlink(missing_ok=True)
+
+
+def store_file(url: str | None) -> str | None:
+    """The file of an SQLite URL (sqlite:///PATH), None for another database or none."""
+    if not isinstance(url, str) or not url.startswith("sqlite:///"):
+        return None
+    return url[len("sqlite:///") :] or None
 
 
 def flavour_cuda(flavour: dict) -> tuple[int, int] | None:
@@ -135,11 +172,20 @@ def skew_finding(nodes: list[dict], limit_s: float = SKEW_LIMIT_S) -> Finding:
     return Finding("cluster.clock", OK, f"Clocks agree within {max(abs(v['offset_s']) for v in clocks.values()) + c['uncertainty_s']:.3f} s on {len(clocks)} node(s).", "", data)
 
 
-def paths_findings(nodes: list[dict], paths: dict[str, str]) -> list[Finding]:
+def unseen(nodes: list[dict], marker: str) -> list[str]:
+    """The nodes that do not read the marker ``marker`` as it was written (another directory)."""
+    return [n["ip"] for n in nodes if not (n["report"].get("markers") or {}).get(marker)]
+
+
+def paths_findings(nodes: list[dict], paths: dict[str, str], markers: dict[str, list[str]] | None = None,
+                   store: str | None = None) -> list[Finding]:  # fmt: skip
     """What must be shared: the model directory on every node with GPUs (vLLM loads it where its
-    engine runs); the checkpoint root writable on every node (Trinity places its explorer, which
-    records experiences there, and its trainer where Ray decides)."""
+    engine runs); the checkpoint root writable on every node (Trinity places its synchronizer and
+    its trainer where Ray decides), and the same directory on each where it exists here (marker
+    ``checkpoints``); with ``store`` (a train config's experience store URL), the store's directory
+    the same on every GPU node, where Ray places the trainer (marker ``store``)."""
     out = []
+    markers = markers or {}
     alive = [n for n in nodes if n["alive"] and "paths" in (n.get("report") or {})]
     if "model" in paths:
         gpu_nodes = [n for n in alive if n["gpus"] > 0]
@@ -151,13 +197,47 @@ def paths_findings(nodes: list[dict], paths: dict[str, str]) -> list[Finding]:
             out.append(Finding("cluster.model_path", OK, f"The model directory {paths['model']} is on every GPU node ({len(gpu_nodes)}).", ""))
     if "checkpoints" in paths:
         bad = [n["ip"] for n in alive if not n["report"]["paths"]["checkpoints"]["writable"]]
+        other = unseen(alive, "checkpoints") if "checkpoints" in markers else []
         if bad:
             out.append(Finding("cluster.checkpoint_root", WARN, f"The checkpoint root {paths['checkpoints']} cannot be written on node(s) {', '.join(bad)}.",
                                "Mount shared storage at that path on every node (experiences, checkpoints and the proxy's history live there).",
                                {"not_writable_on": bad}))  # fmt: skip
+        elif other:
+            out.append(Finding("cluster.checkpoint_root", WARN,
+                               f"The checkpoint root {paths['checkpoints']} is not shared: node(s) {', '.join(other)} have another directory at that path.",
+                               "Mount the same shared storage at that path on every node (the trainer writes checkpoints there, the engines load them).",
+                               {"not_shared_on": other}))  # fmt: skip
         else:
-            out.append(Finding("cluster.checkpoint_root", OK, f"The checkpoint root {paths['checkpoints']} can be written on every node ({len(alive)}).", ""))
+            shared = ", the same directory on each" if "checkpoints" in markers else ""
+            out.append(Finding("cluster.checkpoint_root", OK, f"The checkpoint root {paths['checkpoints']} can be written on every node ({len(alive)}){shared}.", ""))
+    if store is not None:
+        out.append(store_finding(alive, store, markers))
     return out
+
+
+def store_finding(alive: list[dict], url: str, markers: dict[str, list[str]]) -> Finding:
+    """A train run's experience store on a cluster: Ray places the trainer, which reads the store,
+    on a GPU node; the serve's proxy (on the serve's node) writes it. An SQLite file must then be in
+    a directory every GPU node shares."""
+    key = "cluster.experience_store"
+    path = store_file(url)
+    if path is None:
+        return Finding(key, INFO, f"The experience store {url} is a database server: every GPU node must reach it (not checked).", "")
+    if len(alive) < 2:
+        return Finding(key, OK, f"The experience store {url} is on the cluster's one node, with the trainer.", "")
+    gpu_nodes = [n for n in alive if n["gpus"] > 0] or alive
+    where = str(Path(path).parent)
+    if "store" not in markers:
+        return Finding(key, WARN, f"Whether the GPU nodes share the experience store's directory {where} cannot be checked: it does not exist here (or cannot be written).",
+                       "Start `rftstack serve` first (it creates the store), with checkpoint_root_dir on storage every node mounts at the same path.")  # fmt: skip
+    other = unseen(gpu_nodes, "store")
+    if other:
+        return Finding(key, FAIL,
+                       f"The experience store {url} (SQLite) is not on shared storage: GPU node(s) {', '.join(other)}, where Ray may place the trainer, have another directory at {where}.",
+                       "Put checkpoint_root_dir (the serve's and this config's) on storage every node mounts at the same path, with working file locks "
+                       "(SQLite needs them: NFSv4, not a sync tool); or run train on one machine with the serve.",
+                       {"not_shared_on": other})  # fmt: skip
+    return Finding(key, OK, f"The experience store {url} is in the same directory on every GPU node ({len(gpu_nodes)}), where Ray may place the trainer.", "")
 
 
 def token_finding(token_path: str | None) -> Finding:
@@ -169,7 +249,8 @@ def token_finding(token_path: str | None) -> Finding:
     return Finding("cluster.token", OK, f"The token file {token_path} is present and private (mode 600).", "", {"path": token_path})
 
 
-def check(address: str, nodes: list[dict] | None, why: str, token_path: str | None, paths: dict[str, str] | None = None) -> list[Finding]:
+def check(address: str, nodes: list[dict] | None, why: str, token_path: str | None, paths: dict[str, str] | None = None,
+          markers: dict[str, list[str]] | None = None, store: str | None = None) -> list[Finding]:  # fmt: skip
     out = [token_finding(token_path)]
     if nodes is None:
         out.append(Finding("cluster.nodes", FAIL, f"The Ray cluster at {address} did not answer a driver ({why}).",
@@ -183,5 +264,5 @@ def check(address: str, nodes: list[dict] | None, why: str, token_path: str | No
     for n in nodes:
         out.extend(node_findings(n))
     out.append(skew_finding(alive))
-    out.extend(paths_findings(nodes, paths or {}))
+    out.extend(paths_findings(nodes, paths or {}, markers, store))
     return out

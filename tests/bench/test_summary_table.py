@@ -1,0 +1,55 @@
+"""bench/summary_table.py: docs/benchmarks.md's Summary table is what the script computes from the
+result files the section names (so the published figures cannot drift from the raw results), and a
+result without a needed phase or level is one sentence."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import summary_table
+from helpers import REPO
+
+DOC = REPO / "docs" / "benchmarks.md"
+
+
+def section() -> str:
+    m = re.search(r"^## Summary[^\n]*\n(.*?)(?=^## )", DOC.read_text(), flags=re.S | re.M)
+    assert m, "docs/benchmarks.md has no Summary section"
+    return m.group(1)
+
+
+def test_published_summary_is_computed_from_the_named_results():
+    body = section()
+    sources = re.findall(r"^- `([^`]+\.json)`", body, flags=re.M)
+    assert len(sources) == 2, sources
+    load, ready = (json.loads((REPO / s).read_text()) for s in sources)
+    expected = summary_table.table(summary_table.figures(load, ready, *sources), load, ready)
+    assert expected in body
+    rows = dict(re.findall(r"^\| (proxy/bare c=\d+ \w+|p99 proxy/bare c=32|ready/bare warm) \| (\d+\.\d\d) \|$", body, flags=re.M))
+    assert list(rows) == ["proxy/bare c=64 equal", "proxy/bare c=64 spread", "proxy/bare c=32 equal", "p99 proxy/bare c=32", "ready/bare warm"]
+
+
+def test_update_rewrites_only_the_summary(tmp_path):
+    doc = tmp_path / "b.md"
+    doc.write_text("# B\n\n## Summary\n\nold\n\n## 1. Next\n\nkept\n")
+    summary_table.update(doc, "| figure | value |\n")
+    assert doc.read_text() == "# B\n\n## Summary\n\n| figure | value |\n\n## 1. Next\n\nkept\n"
+
+
+def test_missing_phase_or_level_is_one_sentence(tmp_path, capsys):
+    body = section()
+    load_path, ready_path = re.findall(r"^- `([^`]+\.json)`", body, flags=re.M)
+    load = json.loads((REPO / load_path).read_text())
+    del load["phases"]["trinity"]
+    broken = tmp_path / "load.json"
+    broken.write_text(json.dumps(load))
+    assert summary_table.main(["--load", str(broken), "--ready", str(REPO / ready_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "has no 'trinity' phase; run serve_vs_bare.py with --phases bare,trinity" in err
+    load = json.loads((REPO / load_path).read_text())
+    load["phases"]["bare"]["load"]["levels"] = [lv for lv in load["phases"]["bare"]["load"]["levels"] if lv["concurrency"] != 64]
+    with pytest.raises(summary_table.MissingFigure, match="no c=64 level in load"):
+        summary_table.figures(load, json.loads((REPO / ready_path).read_text()), "x", "y")
