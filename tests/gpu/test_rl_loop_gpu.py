@@ -215,7 +215,7 @@ def test_nothing_listens_outside_loopback(served):
     from rftstack.run import supervisor
 
     by_inode = {l.inode: l for l in netstat.listeners()}
-    socks = [(p.pid, " ".join(p.cmdline)[:80], by_inode[i]) for tag in served.run.tags() for p in supervisor.tagged(tag)
+    socks = [(p.pid, p.cmdline[:80], by_inode[i]) for tag in served.run.tags() for p in supervisor.tagged(tag)
              for i in netstat.socket_inodes(p.pid) if i in by_inode]  # fmt: skip
     print(f"{len(socks)} listening sockets in the serve's process tree")
     assert socks
