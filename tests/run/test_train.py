@@ -71,6 +71,18 @@ def test_a_failed_step_is_a_failure_although_trinity_exits_0(tmp_path, session_h
     assert_nothing_left(run)
 
 
+def test_a_final_save_longer_than_the_stop_timeout_is_interrupted(tmp_path, session_head, serve_runner):
+    """Trinity's final save after the error outlasts --stop-timeout: train stops Trinity, so the
+    latest checkpoint stays at step 1 and the restart's reader gives step 2's batch back itself."""
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path), "--stop-timeout", "1"], fake="train_error", command="train")
+    assert run.finish() == 1
+    assert "waiting up to 1 s for Trinity's final checkpoint and exit" in run.stderr and "trinity stopped (SIGINT" in run.stderr
+    note = "the latest checkpoint is step 1, so a restart reads for step 2 again and the reader gives its batch back itself"
+    assert note in run.stderr and run.status()["gave_back"]["note"] == note
+    assert (tmp_path / "ckpt/p/n/latest_checkpointed_iteration.txt").read_text() == "1"
+    assert_nothing_left(run)
+
+
 COMMIT = r"""
 import asyncio, sys
 import torch

@@ -235,7 +235,7 @@ def configure(parser) -> None:
     parser.add_argument("--num-gpus", type=int, default=None, help="GPUs for the Ray head and the trainer (default: detected)")
     parser.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks (experts)")
     parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds trinity gets to stop before SIGKILL (default 60)")
-    parser.add_argument("--json", action="store_true", help="JSON lines on stdout (events training/checkpoint/exit); progress on stderr")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout (events training/checkpoint/gave_back/exit); progress on stderr")
 
 
 def run(args) -> int:
