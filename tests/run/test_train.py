@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import time
 
 import pytest
 import yaml
@@ -80,6 +81,22 @@ def test_a_final_save_longer_than_the_stop_timeout_is_interrupted(tmp_path, sess
     note = "the latest checkpoint is step 1, so a restart reads for step 2 again and the reader gives its batch back itself"
     assert note in run.stderr and run.status()["gave_back"]["note"] == note
     assert (tmp_path / "ckpt/p/n/latest_checkpointed_iteration.txt").read_text() == "1"
+    assert_nothing_left(run)
+
+
+def test_a_signal_during_the_wait_after_a_failed_step_is_still_a_failure(tmp_path, session_head, serve_runner):
+    """SIGTERM while Trinity saves after the error: train stops it and exits 1, not 0."""
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="train_error", command="train")
+    assert run.wait_event("training", timeout=120), run.finish() or run.stderr
+    deadline = time.monotonic() + 60
+    while "waiting up to 60 s for Trinity's final checkpoint" not in run.stderr_text():
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.stderr_text()
+        time.sleep(0.05)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 1
+    st = run.status()
+    assert st["phase"] == "failed" and "the trainer failed a step" in st["exit_reason"] and "then SIGTERM stopped the wait" in st["exit_reason"]
+    assert st["gave_back"]["experiences"] == 0
     assert_nothing_left(run)
 
 

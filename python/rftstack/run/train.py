@@ -154,6 +154,8 @@ class Train(serve.Serve):
             if self.head is not None and self.head.gcs_pid() is None:
                 return self._fail("the Ray head's GCS died")
             if self._interrupted():
+                if self.trainer_errors:  # a signal while Trinity saves after the error: still a failed step
+                    return self._fail(f"the trainer failed a step ({self.trainer_errors[0]}), then {self.signals[0]} stopped the wait; see {self.run.log('trinity.log')}")
                 return f"stopped by {self.signals[0]}", 0
             self._note_checkpoint(job)
             if self.trainer_errors:  # Trinity saves a final checkpoint, then exits: let it, for a while
