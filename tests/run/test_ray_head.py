@@ -118,3 +118,22 @@ def test_block_runs_in_the_foreground_until_sigint(tmp_path):
         proc.communicate()
         if tag:
             supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
+
+
+def test_head_without_the_driver_wait_answers_a_driver_at_once(tmp_path):
+    """``start(driver_check=False)`` (serve's head) returns after `ray start` alone. That is enough
+    because of an upstream behaviour of Ray 2.60 (`ray start` returns only once its node.py has
+    found the new node registered in the GCS, over the token-checked client): a real driver then
+    connects at once, as DriverCheck (what serve runs beside trinity's start) shows."""
+    said: list[str] = []
+    head = ray_head.start(state_dir=tmp_path / "head", num_gpus=1, num_cpus=1, driver_check=False, progress=said.append)
+    try:
+        assert head.resources == {} and not [m for m in said if "answers" in m]
+        assert "a driver's connection is tried in the background" in said[-1]
+        check = ray_head.DriverCheck(head, progress=said.append)
+        check.thread.join(120)
+        assert check.failure() is None, check.failure()
+        assert head.resources["GPU"] == 1.0 and head.resources["CPU"] == 1.0
+        assert said[-1].startswith(f"Ray head answered a driver at {head.address}")
+    finally:
+        ray_head.stop(head, timeout=2, remove_temp=True)

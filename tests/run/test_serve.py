@@ -240,6 +240,124 @@ def test_own_head_sigterm(tmp_path, serve_runner):
         assert supervisor.tagged(tag) == []
 
 
+OVERLAP_RECORDER = """
+    import json, os, signal, sys, threading
+    sys.path.insert(0, sys.argv.pop(1))  # tests/doubles
+    import h200_driver
+    from rftstack import cli
+    from rftstack.doctor.checks import gpu
+    from rftstack.run import ray_head, rundir, serve, supervisor
+    gpu.read = h200_driver.read  # TEST DOUBLE: the doctor sees an H200 host's driver (this machine has none)
+    events, lock = [], threading.Lock()
+    flags = {k: threading.Event() for k in ("ray start", "trinity spawned", "ready", "driver check done")}
+    phase = {"now": None}
+    def note(what):
+        with lock:
+            events.append(what)
+    def waits_for(flag, what, fn):
+        # each step waits until the one it must overlap has begun: a serial runner makes it wait in vain
+        def wrapped(*a, **k):
+            note(what + " begins")
+            note(what + (" saw " if flags[flag].wait(60) else " waited in vain for ") + flag)
+            try:
+                return fn(*a, **k)
+            finally:
+                flags.get(what + " done", threading.Event()).set()
+        return wrapped
+    def stop_when_ready():  # SIGINT once ready and the driver check is over
+        flags["ready"].wait(300); flags["driver check done"].wait(60); os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=stop_when_ready, daemon=True).start()
+    launch, spawn, preflight, update, sleep = ray_head.launch, supervisor.spawn, serve.Serve._preflight, rundir.Status.update, serve.time.sleep
+    def launch_rec(*a, **k):
+        note("ray start"); flags["ray start"].set()
+        return launch(*a, **k)
+    def spawn_rec(*a, **k):
+        note("trinity spawned"); flags["trinity spawned"].set()
+        return spawn(*a, **k)
+    def preflight_rec(self, config_path):
+        if config_path is None:
+            preflight(self, config_path); note("machine checks end"); return
+        waits_for("ray start", "config checks", lambda: preflight(self, config_path))()
+        note("config checks end")
+    def update_rec(self, **fields):
+        phase["now"] = fields.get("phase", phase["now"])
+        if fields.get("phase") == "ready":
+            flags["ready"].set()
+        return update(self, **fields)
+    loading_sleeps = []
+    def sleep_rec(s):
+        if phase["now"] == "loading" and threading.current_thread() is threading.main_thread():
+            loading_sleeps.append(s)
+        return sleep(s)
+    ray_head.launch, supervisor.spawn, serve.Serve._preflight, rundir.Status.update = launch_rec, spawn_rec, preflight_rec, update_rec
+    serve.time.sleep = sleep_rec
+    ray_head.probe = waits_for("trinity spawned", "driver check", ray_head.probe)
+    rc = cli.main(sys.argv[1:])
+    print(json.dumps({"rc": rc, "events": events, "loading_sleeps": sorted(set(loading_sleeps))}))
+"""
+
+
+def test_preflight_head_and_driver_check_overlap_by_event_order(tmp_path, tiny_model):
+    """The runner's own start-up, by the order of its steps (not by timing): the machine checks come
+    first and alone; the own Ray head's `ray start` runs while the config checks (Trinity's own
+    validation, seconds) run; trinity is started without waiting for the head's driver check, which
+    runs beside it; the loading phase asks the proxy every READY_POLL_S. Each step waits up to 60 s
+    for the one it must overlap, so a runner that does them one after another fails here. The
+    doctor's GPU reader is the TEST DOUBLE tests/doubles/h200_driver.py (no driver here)."""
+    env = rftstack_env(RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}", FAKE_TRINITY="check_ray",
+                       XDG_CACHE_HOME=str(tmp_path / "cache"))  # fmt: skip
+    cfg = write_config(tmp_path, model=tiny_model, max_model_len=2048)
+    r = run_python(OVERLAP_RECORDER, str(FAKE_TRINITY.parent), "serve", "-c", cfg, "--port", "0", "--num-gpus", "1",
+                   "--run-dir", str(tmp_path / "run"), env=env, timeout=400)  # fmt: skip
+    assert r.stdout.strip(), r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    ev = out["events"]
+    assert out["rc"] == 0, r.stdout[-3000:]
+    assert not [e for e in ev if "in vain" in e], ev
+    assert ev.index("machine checks end") < ev.index("ray start") < ev.index("config checks end") < ev.index("trinity spawned")
+    assert "config checks saw ray start" in ev and "driver check saw trinity spawned" in ev
+    assert out["loading_sleeps"] and max(out["loading_sleeps"]) <= serve.READY_POLL_S <= 0.1
+    assert "Ray head answered a driver at 127.0.0.1:" in r.stdout
+
+
+def test_ready_poll_is_short_and_dead_checks_are_not():
+    """The endpoint is printed at most READY_POLL_S after the proxy answers (it was up to 1 s); the
+    walk over /proc for dead processes stays at DEAD_CHECK_EVERY_S."""
+    assert serve.READY_POLL_S <= 0.1
+    assert serve.DEAD_CHECK_EVERY_S >= 1.0
+
+
+REFUSING_HEAD = """
+    import sys
+    from rftstack import cli
+    from rftstack.run import ray_head
+    probe = ray_head.probe
+    def wrong_token(address, env, timeout=90):
+        # a real driver with a token the head does not know (as after a head restarted with a new one)
+        open(sys.argv[1], "w").write("0" * 64)
+        return probe(address, {**env, "RAY_AUTH_TOKEN_PATH": sys.argv[1]}, timeout=8)
+    ray_head.probe = wrong_token
+    sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_a_head_that_refuses_a_driver_ends_the_serve(tmp_path):
+    """The own head's driver check runs beside trinity's start; when the head refuses a real driver
+    (here: a wrong token), serve ends with the check's one sentence, exit 2 as when it waited for
+    the check, and nothing is left running."""
+    env = rftstack_env(RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}", FAKE_TRINITY="never_ready",
+                       XDG_CACHE_HOME=str(tmp_path / "cache"))  # fmt: skip
+    run_dir = tmp_path / "run"
+    r = run_python(REFUSING_HEAD, str(tmp_path / "wrong-token"), "serve", "--skip-doctor", "--port", "0", "--num-gpus", "0",
+                   "-c", write_config(tmp_path), "--run-dir", str(run_dir), "--ready-timeout", "120", env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "did not answer within 8 s" in r.stdout or "refused a driver" in r.stdout, r.stdout[-3000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    st = json.loads((run_dir / "status.json").read_text())
+    assert st["phase"] == "failed" and st["exit_code"] == 2
+    assert supervisor.tagged(st["tag"]) == [] and supervisor.tagged(st["ray"]["tag"]) == []
+
+
 def test_kill9_of_trinity_ends_the_serve_with_its_code(tmp_path, serve_runner):
     """kill -9 of the `trinity run` process (found by its command line among the serve's tagged
     processes, as tests/gpu/test_faults_gpu.py finds the real one): serve exits 1 with `trinity

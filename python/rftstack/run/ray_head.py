@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -217,6 +218,29 @@ def probe(address: str, env: dict, timeout: float = 90) -> dict:
     return probe_cluster(address, env, timeout)["resources"]
 
 
+class DriverCheck:
+    """``probe`` of a started head in a thread: a real driver connects while the caller goes on (serve
+    starts trinity meanwhile). ``failure()`` is the probe's one-sentence UserError once it failed."""
+
+    def __init__(self, head: Head, env: dict | None = None, progress=lambda msg: None):
+        self.head, self.env, self.progress = head, driver_env(head, env), progress
+        self.error: str | None = None
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="ray-driver-check", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.head.resources = probe(self.head.address, self.env)
+        except UserError as exc:
+            self.error = str(exc)
+            return
+        self.progress(f"Ray head answered a driver at {self.head.address} ({time.monotonic() - self.t0:.0f} s after `ray start` returned)")
+
+    def failure(self) -> str | None:
+        return self.error
+
+
 def write_token(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -243,8 +267,9 @@ def start(*, attempts: int = 2, **kwargs) -> Head:
     return with_retry(lambda: _start_once(ray_bin=ray_bin, **kwargs), attempts=attempts, progress=kwargs.get("progress", lambda m: None))
 
 
-def launch(node: Head, argv: list[str], env: dict, log_path: Path, progress) -> None:
-    """Run `ray start` for ``node``; on failure stop what it left and raise a UserError with the log's tail."""
+def launch(node: Head, argv: list[str], env: dict, log_path: Path, progress, then: str = "waiting until the cluster answers a driver") -> None:
+    """Run `ray start` for ``node``; on failure stop what it left and raise a UserError with the log's tail.
+    ``then``: what happens next, for the progress line."""
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         log.write(" ".join(argv) + "\n")
@@ -265,7 +290,7 @@ def launch(node: Head, argv: list[str], env: dict, log_path: Path, progress) -> 
             exc.final = True  # the same token is refused again: no retry
             shutil.rmtree(node.temp_dir, ignore_errors=True)  # Ray wrote nothing there worth keeping
         raise exc
-    progress(f"Ray {node.role} processes up after {time.monotonic() - t0:.0f} s; waiting until the cluster answers a driver")
+    progress(f"Ray {node.role} processes up after {time.monotonic() - t0:.0f} s; {then}")
 
 
 def _start_once(
@@ -279,8 +304,13 @@ def _start_once(
     env: dict | None = None,
     node_ip: str = LOOPBACK,
     tls: dict | None = None,
+    driver_check: bool = True,
 ) -> Head:
-    """Start a head on ``node_ip`` (loopback by default); its token, state and `ray start` log live in ``state_dir``."""
+    """Start a head on ``node_ip`` (loopback by default); its token, state and `ray start` log live in ``state_dir``.
+
+    `ray start` returns once the head's node is registered with its GCS (Ray's node.py waits for
+    that, over the token-checked GCS client). ``driver_check``: then also wait until a real driver
+    connects (``probe``); False leaves that to the caller (``DriverCheck``), off its critical path."""
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), node_ip)))
     # Ray's unix sockets live under --temp-dir and must stay under ~107 bytes: keep it short.
@@ -289,23 +319,33 @@ def _start_once(
     write_token(token_path)
     tag = f"ray-head-{uuid.uuid4().hex[:12]}"
     gpus = detect_gpus() if num_gpus is None else num_gpus
-    full_env = {**(os.environ if env is None else env), **head_env(ports, str(token_path), tag, node_ip, tls)}
-    full_env.pop("RAY_AUTH_TOKEN", None)  # the token file is the one source
     argv = head_argv(ray_bin, ports, temp_dir, gpus, num_cpus, node_ip)
     log_path = log_path or state_dir / "ray-start.log"
     head = Head(f"{node_ip}:{ports['gcs']}", ports, temp_dir, str(token_path), tag, gpus, time.time(),
                 f"http://{LOOPBACK}:{ports['dashboard']}", node_ip=node_ip, tls=dict(tls or {}))  # fmt: skip
+    full_env = driver_env(head, env)
     progress(f"starting Ray head on {head.address} ({gpus} GPU(s), temp dir {temp_dir})")
     t0 = time.monotonic()
-    launch(head, argv, full_env, log_path, progress)
-    try:
-        head.resources = probe(head.address, {**full_env, supervisor.TAG_VAR: tag})
-    except UserError:
-        stop(head)
-        raise
+    launch(head, argv, full_env, log_path, progress,
+           then="waiting until the cluster answers a driver" if driver_check else "a driver's connection is tried in the background")  # fmt: skip
+    if driver_check:
+        try:
+            head.resources = probe(head.address, full_env)
+        except UserError:
+            stop(head)
+            raise
     head.wildcard_ports = wildcard_ports(head)
-    progress(f"Ray head answers at {head.address} after {time.monotonic() - t0:.0f} s")
+    if driver_check:
+        progress(f"Ray head answers at {head.address} after {time.monotonic() - t0:.0f} s")
     return head
+
+
+def driver_env(head: Head, env: dict | None = None) -> dict[str, str]:
+    """The environment of the head's `ray start` and of a driver checking it: ``env`` (default
+    os.environ) plus the head's variables, its tag included (a probe is stopped with the head)."""
+    full = {**(os.environ if env is None else env), **head_env(head.ports, head.token_path, head.tag, head.node_ip, head.tls or None)}
+    full.pop("RAY_AUTH_TOKEN", None)  # the token file is the one source
+    return full
 
 
 WORKER_PORT_RANGE = (10002, 19999)  # `ray start`'s --min-worker-port/--max-worker-port defaults

@@ -33,6 +33,11 @@ from rftstack.errors import UserError
 
 TRINITY_CMD_VAR = "RFTSTACK_TRINITY_CMD"  # e.g. "python tests/doubles/fake_trinity.py" (tests)
 PROGRESS_EVERY_S = 10.0
+# how often the loading phase asks the proxy whether it is ready: the endpoint is printed at most this
+# long after it answers (a loopback GET that is refused costs about a millisecond)
+READY_POLL_S = 0.1
+# how often the loading phase looks for a dead trinity, Ray head or engine (a walk over /proc)
+DEAD_CHECK_EVERY_S = 1.0
 
 
 # ---- small decisions (pure) ---------------------------------------------------------------------
@@ -133,13 +138,19 @@ class HeadStarter:
 
     On leaving the block the thread is joined and the head, if it came up, is handed to the serve
     at once, so that a failing preflight (or a signal) still has it stopped by the teardown.
+
+    ``driver_check=False``: the block waits for `ray start` only (it returns once the node is
+    registered with the GCS, which accepted the token); a real driver's connection is then tried in
+    the background (``self.check``, a ``ray_head.DriverCheck``) while the serve goes on.
     """
 
-    def __init__(self, serve: "Serve", num_gpus: int | None, extra_env: dict[str, str] | None = None):
+    def __init__(self, serve: "Serve", num_gpus: int | None, extra_env: dict[str, str] | None = None, driver_check: bool = True):
         self.serve = serve
         self.num_gpus = num_gpus
         self.extra_env = extra_env or {}
+        self.driver_check = driver_check
         self.head: ray_head.Head | None = None
+        self.check: ray_head.DriverCheck | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._start, name="ray-head-start", daemon=True)
 
@@ -149,7 +160,10 @@ class HeadStarter:
             # the Explorer actor (Trinity's proxy) inherits the head's environment: the key file's path
             env = {**os.environ, **self.extra_env} if self.extra_env else None
             self.head = ray_head.start(state_dir=run.root / "ray-head", num_gpus=self.num_gpus, env=env,
-                                       log_path=run.log("ray-start.log"), progress=self.serve.say)  # fmt: skip
+                                       log_path=run.log("ray-start.log"), progress=self.serve.say,
+                                       driver_check=self.driver_check)  # fmt: skip
+            if not self.driver_check:
+                self.check = ray_head.DriverCheck(self.head, env, progress=self.serve.say)
         except BaseException as exc:  # re-raised in the main thread by result()
             self.error = exc
 
@@ -214,6 +228,7 @@ class Serve:
         self.run: rundir.RunDir | None = None
         self.status: rundir.Status | None = None
         self.head: ray_head.Head | None = None
+        self.driver_check: ray_head.DriverCheck | None = None  # the own head's driver connection, tried in the background
         self.trinity = None
         self.pump = None
         self.engines: dict[int, str] = {}  # vLLM engine processes seen at ready (pid -> title)
@@ -350,14 +365,15 @@ class Serve:
             # serve), then an own head starts while the config checks run (both take seconds;
             # neither needs the other): the teardown stops the head if they fail
             self._preflight(None)
-            with HeadStarter(self, self.args.num_gpus, plan.proxy_env) as starter:
+            with HeadStarter(self, self.args.num_gpus, plan.proxy_env, driver_check=False) as starter:
                 self._preflight(preflight)
-            self.head = starter.result()
+            self.head, self.driver_check = starter.result(), starter.check
         guard_checkpoints(serve_config.job_dir(plan.preflight_cfg))
 
     # -- phase ray
     def _ray(self, plan: Plan) -> tuple[dict, str]:
         self.phase("ray")
+        self._stop_if_dead()  # a head whose driver check already failed (or whose GCS died): no trinity
         if self.args.ray_address:
             ray_env = ray_head.client_env(self.args.ray_address, str(Path(plan.token_path).absolute()))
             self.say(f"joining the Ray head at {self.args.ray_address} (not started here, not stopped here)")
@@ -415,9 +431,11 @@ class Serve:
         """The served model's name once the proxy answers; Stop when something died, a signal came or time ran out."""
         timeout = self.args.ready_timeout
         deadline = time.monotonic() + timeout
-        t_load, last_progress = time.monotonic(), 0.0
+        t_load, last_progress, next_dead_check = time.monotonic(), 0.0, 0.0
         while True:
-            self._stop_if_dead()
+            if time.monotonic() >= next_dead_check:
+                self._stop_if_dead()
+                next_dead_check = time.monotonic() + DEAD_CHECK_EVERY_S
             self._stop_if_interrupted("stopped by signal before ready")
             ready = readiness.check(launch.base_url, timeout=3, api_key=launch.api_key)
             if ready.ok:
@@ -429,7 +447,7 @@ class Serve:
                 last_progress = now
                 line = readiness.last_meaningful(self.pump.tail(50)) or "(no output yet)"
                 self.say(f"loading {now - t_load:.0f} s: {line}")
-            time.sleep(1.0)
+            time.sleep(READY_POLL_S)
 
     # -- phase ready
     def _ready(self, launch: Launch, model: str) -> None:
@@ -475,6 +493,9 @@ class Serve:
             time.sleep(1.0)
 
     def _stop_if_dead(self) -> None:
+        refused = self.driver_check.failure() if self.driver_check is not None else None
+        if refused:
+            raise Stop(self._fail(refused)[0], 2)  # the exit code it had when serve waited for the check
         dead = self._dead()
         if dead:
             raise Stop(dead, 1)

@@ -6,6 +6,7 @@ Used by the doctor's ELF check, the flake's library-resolution test and `rftstac
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib.metadata as md
 import re
@@ -81,13 +82,20 @@ class DistCuda:
     lib: str  # the soname that says so
 
 
+def shared_objects(dist: md.Distribution) -> list[str]:
+    """The shared objects a distribution installed (paths relative to its site directory). RECORD's
+    lines are filtered before they become paths: torch's alone has about 20000 lines."""
+    text = dist.read_text("RECORD")
+    if text is None:  # no dist-info RECORD (egg-info): what importlib lists
+        return [str(f) for f in dist.files or () if _is_shared_object(str(f))]
+    rows = csv.reader(line for line in text.splitlines() if ".so" in line)
+    return [row[0] for row in rows if row and _is_shared_object(row[0])]
+
+
 def scan_dist(dist: md.Distribution) -> DistCuda | None:
     best: tuple[int, str, str] | None = None
-    for f in dist.files or ():
-        s = str(f)
-        if not _is_shared_object(s):
-            continue
-        links = read_links(dist.locate_file(f))
+    for s in shared_objects(dist):
+        links = read_links(dist.locate_file(s))
         if links is None or links.cuda_major is None:
             continue
         lib = next(n for n in links.needed + ((links.soname,) if links.soname else ()) if cuda_major_of([n]) == links.cuda_major)

@@ -73,6 +73,7 @@ class Lock:
         self.path = path
         self.packages: list[LockedPackage] = []
         self._raw: dict[tuple[str, str], dict] = {}
+        self._by_name: dict[str, list[LockedPackage]] = {}  # _find is called for every edge of a resolve
         for p in data.get("package", []):
             lp = LockedPackage(
                 canonical(p["name"]),
@@ -83,6 +84,7 @@ class Lock:
             )
             self.packages.append(lp)
             self._raw[(lp.name, lp.version)] = p
+            self._by_name.setdefault(lp.name, []).append(lp)
 
     @property
     def sha256(self) -> str:
@@ -95,7 +97,7 @@ class Lock:
         return roots[0]
 
     def _find(self, name: str, version: str | None) -> LockedPackage:
-        cands = [p for p in self.packages if p.name == canonical(name) and (version is None or p.version == version)]
+        cands = [p for p in self._by_name.get(canonical(name), []) if version is None or p.version == version]
         if len(cands) != 1:
             raise UserError(f"{self.path} names {name} {version or ''} {len(cands)} times; regenerate it with `uv lock`")
         return cands[0]

@@ -61,11 +61,14 @@ def installed(paths=None) -> list[Dist]:
     out, seen = [], set()
     dists = md.distributions(path=paths) if paths is not None else md.distributions()
     for d in dists:
-        name = d.metadata["Name"]
+        meta = d.metadata  # parsed once: .version and .requires would each parse METADATA again
+        name = meta["Name"]
         if not name or canonicalize_name(name) in seen:
             continue
         seen.add(canonicalize_name(name))
-        out.append(Dist(name, d.version, tuple(d.requires or ())))
+        # .requires is METADATA's Requires-Dist, else an egg-info's requires.txt
+        requires = meta.get_all("Requires-Dist") or d.requires or ()
+        out.append(Dist(name, meta["Version"], tuple(requires)))
     return out
 
 
