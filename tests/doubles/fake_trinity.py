@@ -25,15 +25,21 @@ serves /health and /v1/models on it, and behaves as FAKE_TRINITY (comma-separate
 It writes its pid and its grandchildren's pids to $FAKE_TRINITY_PIDS (a file) when set.
 
 With `mode: train` (rftstack train) it stands in for Trinity's verl trainer instead: each "step"
-logs `Training at step N finished.` and writes a checkpoint the way the trainer does
-(`<job dir>/global_step_N/actor/`, `.full_checkpoint`, then `latest_state_dict_iteration.txt`),
-$FAKE_TRAIN_STEPS steps (default 2) half a second apart, then `Trainer finished.` and exit 0.
-FAKE_TRINITY modes for train: `train_error` (step 2 logs `Error in Trainer:` and a traceback,
-then the trainer exits 0, as Trinity's does), `train_forever` (steps until SIGINT), and
+logs `Training at step N started.`, then `Training at step N finished.` and writes a checkpoint
+the way the trainer does (`<job dir>/global_step_N/actor/`, `.full_checkpoint`, then
+`latest_checkpointed_iteration.txt` and `latest_state_dict_iteration.txt`), $FAKE_TRAIN_STEPS
+steps (default 2) half a second apart, then `Trainer finished.` and exit 0.
+FAKE_TRINITY modes for train: `train_error` (step 2 logs `Error in Trainer:` and a traceback after
+it started, then saves the final checkpoint with the failed step's number two seconds later, as
+Trinity's trainer does after the error with verl's step counter, and exits 0), `train_forever` (steps until SIGINT),
 `train_no_more` (after its steps, logs Trinity's `No more samples to train. Stopping training.`,
-what the SQL reader's max_read_timeout ends in), `ignore_sigint`, `exit_at_start` as above.
+what the SQL reader's max_read_timeout ends in), `train_reads` (before each step, Trinity's real
+sample strategy reads the step's batch from the config's SQL store, as `Trainer._sample_data`
+does; the storage runs in this process instead of a Ray actor), `ignore_sigint`, `exit_at_start`
+as above. Only the verl step and its checkpoint are doubles.
 """
 
+import asyncio
 import http.server
 import json
 import os
@@ -137,7 +143,30 @@ def start_explorer(ray_address: str, settings: dict) -> str:
     return ray.get(EXPLORER.serve.remote(), timeout=120)
 
 
-def train_main(cfg: dict, modes: set) -> int:
+def trinity_sampler(config_path: str):
+    """Trinity's real sample strategy for the train config, built as trinity/trainer/trainer.py
+    builds it; its SQL storage in this process (wrap_in_ray false) instead of a Ray actor."""
+    from trinity.algorithm import SAMPLE_STRATEGY
+    from trinity.common.config import load_config
+
+    config = load_config(config_path)
+    config.check_and_update()
+    strategy = SAMPLE_STRATEGY.get(config.algorithm.sample_strategy)(
+        buffer_config=config.buffer, **(config.algorithm.sample_strategy_args or {}))
+    strategy.exp_buffer.wrap_in_ray = False
+    return strategy
+
+
+def save_checkpoint(job: str, step: int) -> None:
+    """The checkpoint of ``step`` as verl's trainer and Trinity's CheckpointMonitor leave it."""
+    os.makedirs(os.path.join(job, f"global_step_{step}", "actor"), exist_ok=True)
+    open(os.path.join(job, f"global_step_{step}", ".full_checkpoint"), "w").close()
+    for name in ("latest_checkpointed_iteration.txt", "latest_state_dict_iteration.txt"):
+        with open(os.path.join(job, name), "w") as f:
+            f.write(str(step))
+
+
+def train_main(cfg: dict, modes: set, config_path: str) -> int:
     job = os.path.join(cfg["checkpoint_root_dir"], cfg.get("project") or "Trinity-RFT", cfg.get("group") or "", cfg.get("name") or "rft")
     print(f"fake trinity: mode=train job={job} modes={sorted(modes)}", flush=True)
     if "ignore_sigint" in modes:
@@ -150,18 +179,21 @@ def train_main(cfg: dict, modes: set) -> int:
         return 4
     steps = int(os.environ.get("FAKE_TRAIN_STEPS", "2"))
     step = 0
+    sampler, loop = (trinity_sampler(config_path), asyncio.new_event_loop()) if "train_reads" in modes else (None, None)
     try:
         while "train_forever" in modes or step < steps:
+            if sampler is not None:  # Trainer._sample_data: Trinity's reader, for the next step
+                exps, _, _ = loop.run_until_complete(sampler.sample(step + 1))
+                print(f"fake trinity: Sample data for step {step + 1} finished ({len(exps)} experiences).", flush=True)
             step += 1
+            print(f"fake trinity: Training at step {step} started.", flush=True)
             time.sleep(0.5)
             if "train_error" in modes and step == 2:
                 print("fake trinity: Error in Trainer:\nTraceback (most recent call last):\nRuntimeError: simulated step failure", flush=True)
+                time.sleep(2)  # Trainer.train's final save, numbered with verl's counter; it takes a while
+                save_checkpoint(job, step)
                 break
-            actor = os.path.join(job, f"global_step_{step}", "actor")
-            os.makedirs(actor, exist_ok=True)
-            open(os.path.join(job, f"global_step_{step}", ".full_checkpoint"), "w").close()
-            with open(os.path.join(job, "latest_state_dict_iteration.txt"), "w") as f:
-                f.write(str(step))
+            save_checkpoint(job, step)
             print(f"fake trinity: Training at step {step} finished.", flush=True)
     except KeyboardInterrupt:
         print("fake trinity: SIGINT, shutting down", flush=True)
@@ -177,7 +209,7 @@ def main() -> int:
     cfg = yaml.safe_load(open(sys.argv[3]))
     modes = set(filter(None, os.environ.get("FAKE_TRINITY", "").split(",")))
     if cfg.get("mode") == "train":
-        return train_main(cfg, modes)
+        return train_main(cfg, modes, sys.argv[3])
     host = cfg["explorer"]["listen_address"]
     port = int(cfg["explorer"]["proxy_port"])
     print(f"fake trinity: mode={cfg['mode']} listen={host}:{port} modes={sorted(modes)}", flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import time
 
 import pytest
 import yaml
@@ -65,6 +66,105 @@ def test_a_failed_step_is_a_failure_although_trinity_exits_0(tmp_path, session_h
     st = run.status()
     assert st["phase"] == "failed" and "the trainer failed a step" in st["exit_reason"]
     assert "simulated step failure" in run.stderr  # the log's tail
+    assert run.stderr.index("waiting up to 60 s for Trinity's final checkpoint and exit") < run.stderr.index("Trainer finished")
+    note = f"the experience store {tmp_path}/ckpt/p/n/buffer/experience_buffer.db does not exist, so the batch of the failed step 2 was not given back"
+    assert note in run.stderr and st["gave_back"] == {"step": 2, "experiences": 0, "store": f"{tmp_path}/ckpt/p/n/buffer/experience_buffer.db", "note": note}
+    assert_nothing_left(run)
+
+
+def test_a_final_save_longer_than_the_stop_timeout_is_interrupted(tmp_path, session_head, serve_runner):
+    """Trinity's final save after the error outlasts --stop-timeout: train stops Trinity, so the
+    latest checkpoint stays at step 1 and the restart's reader gives step 2's batch back itself."""
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path), "--stop-timeout", "1"], fake="train_error", command="train")
+    assert run.finish() == 1
+    assert "waiting up to 1 s for Trinity's final checkpoint and exit" in run.stderr and "trinity stopped (SIGINT" in run.stderr
+    note = "the latest checkpoint is step 1, so a restart reads for step 2 again and the reader gives its batch back itself"
+    assert note in run.stderr and run.status()["gave_back"]["note"] == note
+    assert (tmp_path / "ckpt/p/n/latest_checkpointed_iteration.txt").read_text() == "1"
+    assert_nothing_left(run)
+
+
+def test_a_signal_during_the_wait_after_a_failed_step_is_still_a_failure(tmp_path, session_head, serve_runner):
+    """SIGTERM while Trinity saves after the error: train stops it and exits 1, not 0."""
+    run = serve_runner([*join(session_head), "-c", write_config(tmp_path)], fake="train_error", command="train")
+    assert run.wait_event("training", timeout=120), run.finish() or run.stderr
+    deadline = time.monotonic() + 60
+    while "waiting up to 60 s for Trinity's final checkpoint" not in run.stderr_text():
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.stderr_text()
+        time.sleep(0.05)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 1
+    st = run.status()
+    assert st["phase"] == "failed" and "the trainer failed a step" in st["exit_reason"] and "then SIGTERM stopped the wait" in st["exit_reason"]
+    assert st["gave_back"]["experiences"] == 0
+    assert_nothing_left(run)
+
+
+COMMIT = r"""
+import asyncio, sys
+import torch
+from trinity.buffer.buffer import get_buffer_writer
+from trinity.common.config import load_config
+from trinity.common.experience import EID, Experience
+
+cfg = load_config(sys.argv[1])
+cfg.check_and_update()
+sc = cfg.buffer.trainer_input.experience_buffer.to_storage_config()
+sc.wrap_in_ray = False
+
+
+async def main():
+    writer = get_buffer_writer(sc)
+    for names in (sys.argv[2:4], sys.argv[4:6], sys.argv[6:8]):  # three commits, as the serve's pipeline writes them
+        await writer.write([Experience(eid=EID(task=n, suffix=n), tokens=torch.tensor([1, 2, 3, 4]), prompt_length=2,
+                                       logprobs=torch.tensor([-0.5, -0.25]), reward=1.0, info={"model_version": 0})
+                            for n in names])
+
+asyncio.run(main())
+"""
+
+
+def read_store(db) -> tuple[dict[str, int], dict[int, list[str]]]:
+    """Per experience its `consumed`; per step the experiences the patched reader recorded."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        consumed = dict(con.execute("select msg_id, consumed from experience_buffer").fetchall())
+        steps: dict[int, list[str]] = {}
+        for step, msg_id in con.execute("select r.step, e.msg_id from experience_buffer_reads r "
+                                         "join experience_buffer e on e.id = r.id order by r.step, e.msg_id"):  # fmt: skip
+            steps.setdefault(step, []).append(msg_id)
+        return consumed, steps
+    finally:
+        con.close()
+
+
+def test_the_batch_of_the_failed_step_is_given_back(tmp_path, session_head, serve_runner, tiny_model):
+    """Six experiences written by Trinity's SQL writer (batches of 2); the trainer double reads each
+    step's batch with Trinity's real sample strategy and patched SQL reader, step 2 raises and the
+    final checkpoint is numbered 2, as Trinity's trainer saves it. Trinity exits 0; train exits 1 and,
+    once it stopped, gives step 2's batch back: unconsumed, its read records gone; step 1's stay."""
+    from helpers import run_python
+
+    path = write_config(tmp_path, model=str(tiny_model), max_model_len=2048)
+    eff, _ = train_config.effective(yaml.safe_load(open(path)), ray_address="127.0.0.1:2", flash_attn=True)
+    (tmp_path / "commit.yaml").write_text(yaml.safe_dump(eff))
+    names = [f"e{i}" for i in range(6)]
+    out = run_python(COMMIT, str(tmp_path / "commit.yaml"), *names)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = serve_runner([*join(session_head), "-c", path], fake="train_error,train_reads", command="train")
+    assert run.finish() == 1, run.stderr
+    db = tmp_path / "ckpt/p/n/buffer/experience_buffer.db"
+    sentence = "gave back the 2 experiences of the failed step 2; they are trained when rftstack train starts again"
+    assert sentence in run.stderr, run.stderr
+    log = (run.run_dir / "logs" / "trinity.log").read_text()
+    assert "Sample data for step 2 finished (2 experiences)" in log and "Training at step 1 finished" in log
+    st = run.status()
+    assert st["phase"] == "failed" and "the trainer failed a step" in st["exit_reason"]
+    assert st["gave_back"] == {"step": 2, "experiences": 2, "store": str(db), "note": sentence}
+    assert [e for e in run.events if e["event"] == "gave_back"] == [{"event": "gave_back", **st["gave_back"]}]
+    assert sentence in (run.run_dir / "logs" / "train.log").read_text()
+    assert (tmp_path / "ckpt/p/n/latest_checkpointed_iteration.txt").read_text() == "2"
+    assert read_store(db) == ({"e0": 0, "e1": 0, "e2": 0, "e3": 0, "e4": 1, "e5": 1}, {1: ["e4", "e5"]})
     assert_nothing_left(run)
 
 

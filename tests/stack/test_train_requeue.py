@@ -208,3 +208,70 @@ def test_switch_off_restores_upstream_and_a_bad_value_is_refused(policy_site, ti
     assert bad.stderr.strip().splitlines()[-1] == (
         "ValueError: RFTSTACK_SQL_READ_REQUEUE must be 1 (a batch read for a step that no saved checkpoint holds is read "
         "again after a restart, the default) or 0 (upstream: that batch is lost), not 'yes'")
+
+
+
+def rows(tmp_path: Path) -> dict[str, dict]:
+    """Every row of every table of the store by its first column, as a dict of its columns
+    (what "nothing else changes" compares)."""
+    con = sqlite3.connect(f"file:{tmp_path / 'ckpt/report/qwen3b/buffer/experience_buffer.db'}?mode=ro", uri=True)
+    con.row_factory = sqlite3.Row
+    try:
+        names = [r[0] for r in con.execute("select name from sqlite_master where type = 'table'")]
+        return {n: {tuple(r)[:2] if n.endswith("_reads") else r[0]: dict(r) for r in con.execute(f'select * from "{n}"')}
+                for n in names}  # fmt: skip
+    finally:
+        con.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["given-back", "not-given-back", "patch-off"])
+def test_batch_of_a_step_that_raised_is_read_again_after_the_give_back(policy_site, tiny_model, tmp_path, case):
+    """Trinity's trainer catches a step's exception and saves a final checkpoint numbered with that
+    step (trinity/trainer/trainer.py `Trainer.train`; verl's counter was raised when the step began):
+    here step 1 reads batch A and checkpoint 1 is saved. `rftstack train`'s give-back
+    (rftstack.run.train_requeue.settle, for the failed step 1) unconsumes A's rows and drops their read
+    records, nothing else in the store changes; the restarted trainer (resumed from 1) reads A for
+    step 2, then B and C, each experience consumed once. Without the give-back A is lost (consumed,
+    never read again); with the read-requeue patch off (no reads table) the give-back says so and
+    changes nothing."""
+    from rftstack.run import train_requeue
+
+    cfg = train_yaml(tmp_path, tiny_model)
+    env = {"RFTSTACK_SQL_READ_REQUEUE": "0"} if case == "patch-off" else None
+    first = run_trainer(policy_site, cfg, {"commit": NAMES, "trainer": ["step", "save"]}, env=env)
+    assert first == [{"resumed": 0}, {"step": 1, "read": A}]
+    before = rows(tmp_path)
+    job = tmp_path / "ckpt/report/qwen3b"
+    buf = yaml.safe_load(cfg.read_text())["buffer"]["trainer_input"]["experience_buffer"]
+    db = job / "buffer/experience_buffer.db"
+    if case == "patch-off":
+        done = train_requeue.settle(1, str(job), buf)
+        assert done.experiences == 0 and done.note == (
+            f"the store {db} has no experience_buffer_reads table (the read-requeue patch is off), so the batch of "
+            "the failed step 1 was not given back")  # fmt: skip
+        assert rows(tmp_path) == before
+        return
+    if case == "given-back":
+        done = train_requeue.settle(1, str(job), buf)
+        assert done == train_requeue.GiveBack(1, 3, str(db), "gave back the 3 experiences of the failed step 1; they are "
+                                                             "trained when rftstack train starts again")  # fmt: skip
+        after = rows(tmp_path)
+        a_ids = {i for i, step in before["experience_buffer_reads"]}
+        assert len(a_ids) == 3 and after["experience_buffer_reads"] == {}
+        assert {k: v for k, v in after.items() if k != "experience_buffer_reads" and k != "experience_buffer"} == {
+            k: v for k, v in before.items() if k != "experience_buffer_reads" and k != "experience_buffer"}  # fmt: skip
+        old, new = before["experience_buffer"], after["experience_buffer"]
+        assert old.keys() == new.keys()
+        assert {i: {**old[i], "consumed": old[i]["consumed"] - (i in a_ids)} for i in old} == new  # A's consumed, nothing else
+        assert store(tmp_path) == (dict.fromkeys(NAMES, 0), {})
+    after_restart = run_trainer(policy_site, cfg, {"trainer": ["step", "save", "step", "save", "step", "save", "step"]})
+    consumed, steps = store(tmp_path)
+    assert consumed == dict.fromkeys(NAMES, 1)
+    if case == "given-back":
+        assert after_restart == [{"resumed": 1}, {"step": 2, "read": A}, {"step": 3, "read": B}, {"step": 4, "read": C},
+                                 {"step": 5, "read": None}]  # fmt: skip
+        assert steps == {2: A, 3: B, 4: C}
+    else:  # A marked consumed by the failed step 1, never trained: lost
+        assert after_restart == [{"resumed": 1}, {"step": 2, "read": B}, {"step": 3, "read": C}, {"step": 4, "read": None}]
+        assert steps == {1: A, 2: B, 3: C}

@@ -9,7 +9,9 @@ supervision, teardown on SIGINT/SIGTERM); what differs:
   ones (proxy port, engine reload, vLLM's share of GPU memory);
 - there is no endpoint to wait for: phase ``training`` follows Trinity's log (``Training at step N
   finished``) and ``latest_state_dict_iteration.txt``;
-- Trinity's trainer logs ``Error in Trainer`` and still exits 0 after a failed step: train exits 1.
+- Trinity's trainer logs ``Error in Trainer`` and still exits 0 after a failed step: train exits 1,
+  once Trinity saved its final checkpoint and stopped (up to --stop-timeout), and gives the failed
+  step's batch back to the store (train_requeue.py), which the checkpoint would otherwise skip.
 
 On one GPU the serve starts first (vLLM checks free memory at start; Trinity's trainer check only
 total memory) and each side has its own Ray head: neither asks Ray for a fraction of a GPU.
@@ -27,9 +29,10 @@ from pathlib import Path
 import yaml
 
 from rftstack.doctor.checks import trainside
-from rftstack.run import ray_head, rundir, serve, serve_config, supervisor, train_config
+from rftstack.run import ray_head, rundir, serve, serve_config, supervisor, train_config, train_requeue
 from rftstack.errors import UserError
 
+STEP_STARTED = re.compile(r"Training at step (\d+) started")
 STEP_DONE = re.compile(r"Training at step (\d+) finished")
 TRAINER_ERROR = "Error in Trainer"
 NO_MORE = "No more samples to train"
@@ -52,13 +55,22 @@ class Train(serve.Serve):
         self.trainer_errors: list[str] = []
         self.no_more_samples = False
         self.seen_step: int | None = None
+        self.step_started: int | None = None
+        self.failed_step: int | None = None  # the step whose training raised (see train_requeue.py)
+        self.job: str | None = None
+        self.store: dict = {}
 
     def _watch(self, line: str) -> None:
         """Trinity's log, line by line (the pump's thread): steps, errors."""
+        m = STEP_STARTED.search(line)
+        if m:
+            self.step_started = int(m.group(1))
         m = STEP_DONE.search(line)
         if m:
             self.steps_done.append(int(m.group(1)))
         if TRAINER_ERROR in line:
+            if not self.trainer_errors and self.step_started is not None and self.step_started not in self.steps_done:
+                self.failed_step = self.step_started
             self.trainer_errors.append(line.strip())
         if NO_MORE in line:
             self.no_more_samples = True
@@ -112,6 +124,7 @@ class Train(serve.Serve):
         for n in notes:
             self.say(f"env: {n}")
         job = serve_config.job_dir(cfg)
+        self.job, self.store = job, dict(serve_config.get(cfg, "buffer.trainer_input.experience_buffer") or {})
         data = {"checkpoint_job_dir": job, "experience_buffer": serve_config.get(cfg, "buffer.trainer_input.experience_buffer.path"),
                 "latest": f"{job}/latest_state_dict_iteration.txt"}  # fmt: skip
 
@@ -132,6 +145,7 @@ class Train(serve.Serve):
         self.event("training", run_dir=str(self.run.root), data=data, status=str(self.run.status))
 
         self.seen_step = latest_step(job)
+        failed_at: float | None = None
         while True:
             rc = self.trinity.poll()
             if rc is not None:
@@ -140,10 +154,16 @@ class Train(serve.Serve):
             if self.head is not None and self.head.gcs_pid() is None:
                 return self._fail("the Ray head's GCS died")
             if self._interrupted():
+                if self.trainer_errors:  # a signal while Trinity saves after the error: still a failed step
+                    return self._fail(f"the trainer failed a step ({self.trainer_errors[0]}), then {self.signals[0]} stopped the wait; see {self.run.log('trinity.log')}")
                 return f"stopped by {self.signals[0]}", 0
             self._note_checkpoint(job)
-            if self.trainer_errors:
-                return self._fail(f"the trainer failed a step ({self.trainer_errors[0]}); see {self.run.log('trinity.log')}")
+            if self.trainer_errors:  # Trinity saves a final checkpoint, then exits: let it, for a while
+                if failed_at is None:
+                    failed_at = time.monotonic()
+                    self.say(f"the trainer failed a step: waiting up to {args.stop_timeout:.0f} s for Trinity's final checkpoint and exit")
+                elif time.monotonic() - failed_at > args.stop_timeout:
+                    return self._fail(f"the trainer failed a step ({self.trainer_errors[0]}); see {self.run.log('trinity.log')}")
             time.sleep(0.5)
 
     def _note_checkpoint(self, job: str) -> None:
@@ -163,6 +183,16 @@ class Train(serve.Serve):
             return self._fail(f"trinity exited with code {rc}")
         why = "no full batch arrived within the reader's max_read_timeout" if self.no_more_samples else "total_steps reached"
         return f"training finished after {len(self.steps_done)} step(s), latest checkpoint step {step} ({why})", 0
+
+    def _teardown(self) -> bool:
+        """Stop trinity and Ray; then, after a trainer error, give the failed step's batch back."""
+        clean = super()._teardown()
+        if self.trainer_errors and self.job is not None:
+            done = train_requeue.settle(self.failed_step, self.job, self.store)
+            self.say(done.note)
+            self.phase("stopping", gave_back={"step": done.step, "experiences": done.experiences, "store": done.store, "note": done.note})
+            self.event("gave_back", step=done.step, experiences=done.experiences, store=done.store, note=done.note)
+        return clean
 
     def _preflight_train(self, cfg: dict, config_path: str, flash_attn: bool) -> None:
         self.phase("preflight")
@@ -207,7 +237,7 @@ def configure(parser) -> None:
     parser.add_argument("--num-gpus", type=int, default=None, help="GPUs for the Ray head and the trainer (default: detected)")
     parser.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks (experts)")
     parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds trinity gets to stop before SIGKILL (default 60)")
-    parser.add_argument("--json", action="store_true", help="JSON lines on stdout (events training/checkpoint/exit); progress on stderr")
+    parser.add_argument("--json", action="store_true", help="JSON lines on stdout (events training/checkpoint/gave_back/exit); progress on stderr")
 
 
 def run(args) -> int:
