@@ -229,6 +229,24 @@ def test_own_head_is_loopback_only_and_ray_death_stops_trinity(tmp_path, serve_r
     assert supervisor.tagged(serve_tag) == [] and supervisor.tagged(ray_tag) == []
 
 
+def test_expose_opens_the_proxy_alone_beyond_loopback(tmp_path, serve_runner):
+    """With --expose every socket of the run (Ray head, its workers, trinity and children) still
+    listens on loopback, except the proxy's; TEST DOUBLE for Trinity (fake_trinity listens where
+    the effective config's explorer.listen_address says, as Trinity's proxy does)."""
+    run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "--expose", "-c", write_config(tmp_path)])
+    ready = run.wait_event("ready", timeout=400)
+    assert ready, (run.finish(), run.stderr)
+    st = run.status()
+    by_inode = {l.inode: l for l in netstat.listeners()}
+    socks = [(p.pid, p.cmdline[:50], by_inode[i]) for tag in (st["tag"], st["ray"]["tag"]) for p in supervisor.tagged(tag)
+             for i in netstat.socket_inodes(p.pid) if i in by_inode]  # fmt: skip
+    assert len(socks) >= 5
+    outside = {(l.address, l.port) for _, _, l in socks if not l.loopback}
+    assert outside == {("0.0.0.0", st["proxy_port"])}, socks
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish() == 0, run.stderr
+
+
 def test_own_head_sigterm(tmp_path, serve_runner):
     run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)])
     assert run.wait_event("ready", timeout=400), (run.finish(), run.stderr)
