@@ -9,6 +9,9 @@
 # line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
 #   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
+#   train-lora the same with LoRA rank 16 (both configs' model.lora_configs; vLLM's runtime LoRA)
+#   train-3b-lora, train-3b  the same on the Qwen2.5-3B shape, LoRA 16 / full: the trainer's peak GPU memory
+#              (train_loop-qwen3b-lora16.json, train_loop-qwen3b.json) for docs/train.md's 48 GB table
 #   rel        tests/gpu/test_reliability_gpu.py    busy GPU, SIGTERM in load, soak, worker SIGKILL
 #   kill       only the worker-SIGKILL test of that file (its own serve, about 4 minutes)
 #   faults     tests/gpu/test_faults_gpu.py         kill -9 of the Ray head's GCS and of `trinity run` under load,
@@ -66,6 +69,9 @@ for step in "${steps[@]}"; do
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
         train) pytest_gpu train test_train_loop_gpu.py ;;
+        train-lora) RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-lora test_train_loop_gpu.py ;;
+        train-3b-lora) wait; RFTSTACK_TRAIN_MODEL=/tmp/bench/qwen3b RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-3b-lora test_train_loop_gpu.py ;;
+        train-3b) wait; RFTSTACK_TRAIN_MODEL=/tmp/bench/qwen3b pytest_gpu train-3b test_train_loop_gpu.py ;;
         rel) pytest_gpu rel test_reliability_gpu.py ;;
         kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
         faults) pytest_gpu faults test_faults_gpu.py ;;

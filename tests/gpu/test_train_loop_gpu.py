@@ -10,6 +10,10 @@ Times of one training step (verl's time/train_step) and of the reloads go to
 $RFTSTACK_GPU_RESULTS/train_loop.json.
 
 Run on the GPU host:  python3 -m pytest -v -s tests/gpu/test_train_loop_gpu.py
+Other models and LoRA (the same test, for the memory figures of docs/train.md):
+RFTSTACK_TRAIN_MODEL=DIR (default: the tiny model) and RFTSTACK_TRAIN_LORA_RANK=N (default 0: full
+fine-tune; N > 0 writes `model.lora_configs` into both configs, as `rftstack example-config
+--lora-rank N` does); the results file is then train_loop-<name>.json.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ if not has_gpu():
 
 RESULTS = Path(os.environ.get("RFTSTACK_GPU_RESULTS", tempfile.gettempdir()))
 BATCH = 8
+MODEL = os.environ.get("RFTSTACK_TRAIN_MODEL", "")
+LORA_RANK = int(os.environ.get("RFTSTACK_TRAIN_LORA_RANK", "0"))
+RUN_NAME = "-".join(x for x in (Path(MODEL).name if MODEL else "", f"lora{LORA_RANK}" if LORA_RANK else "") if x)
 PROBE = "hello world"
 LR = 5e-3  # the tiny random model: one step must change its greedy output visibly
 
@@ -159,13 +166,17 @@ def loop(tmp_path_factory):
     from rftstack.run import report_config, supervisor, tinymodel, train_config
 
     tmp = tmp_path_factory.mktemp("train-loop")
-    model = tinymodel.ensure(tmp / "tiny")
+    model = Path(MODEL) if MODEL else tinymodel.ensure(tmp / "tiny")
     ckpt = tmp / "ckpt"
     serve_cfg = report_config.write(tmp / "serve.yaml", model, max_model_len=2048, temperature=0.0, checkpoint_root_dir=ckpt,
                                     gpu_memory_utilization=0.3, algorithm=train_config.ALGORITHM)  # fmt: skip
     tc = train_config.example(model, checkpoint_root_dir=str(ckpt), project=report_config.REPORT_PROJECT, name=report_config.REPORT_NAME,
-                              max_model_len=2048, train_batch_size=BATCH, total_steps=2)  # fmt: skip
+                              max_model_len=2048, train_batch_size=BATCH, total_steps=2, lora_rank=LORA_RANK or None)  # fmt: skip
     tc["algorithm"]["optimizer"] = {"lr": LR}
+    if LORA_RANK:  # the serve loads the adapter the trainer writes (vLLM's runtime LoRA), as example-config --lora-rank writes it
+        sc = yaml.safe_load(serve_cfg.read_text())
+        sc["model"]["lora_configs"] = tc["model"]["lora_configs"]
+        serve_cfg.write_text(yaml.safe_dump(sc, sort_keys=False))
     train_cfg = tmp / "train.yaml"
     train_cfg.write_text(yaml.safe_dump(tc, sort_keys=False))
     baseline = gpu_memory_used_mib()
@@ -185,7 +196,9 @@ def loop(tmp_path_factory):
                 supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=10)
         if lp is not None:
             RESULTS.mkdir(parents=True, exist_ok=True)
-            (RESULTS / "train_loop.json").write_text(json.dumps(lp.results, indent=2) + "\n")
+            lp.results.update(model=str(model), lora_rank=LORA_RANK)
+            name = f"train_loop-{RUN_NAME}.json" if RUN_NAME else "train_loop.json"
+            (RESULTS / name).write_text(json.dumps(lp.results, indent=2) + "\n")
 
 
 def test_batch_one_collected_at_version_0(loop):
