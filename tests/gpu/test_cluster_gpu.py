@@ -8,18 +8,21 @@ Skipped without an NVIDIA GPU, without root or without `ip netns`. Checks: the d
 worker's GPU and driver and no CUDA mismatch; serve gets ready; the vLLM engine's processes run in
 the worker's namespace and none in the head's; Trinity's Explorer serves from the head (serve's log
 names RFTSTACK_EXPLORER_NODE, Trinity's log the node); a chat completion answers through the head's
-proxy; SIGINT stops serve (exit 0); stopping the worker and the head leaves no process; GPU memory
-comes back. It prints one JSON line `CLUSTER_GPU {...}` with the timings and where things ran.
+proxy; a checkpoint written as the trainer writes it is served without a restart (model_version 1,
+greedy answer changed: weight sync across the nodes); SIGINT stops serve (exit 0); stopping the
+worker and the head leaves no process; GPU memory comes back. It prints one JSON line `CLUSTER_GPU {...}` with the timings and where things ran.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,16 +99,55 @@ def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
         assert f"RFTSTACK_EXPLORER_NODE={head_ip}" in (tmp_path / "run" / "logs" / "serve.log").read_text()
         assert f"Starting Trinity Service on http://{head_ip}:" in (tmp_path / "run" / "logs" / "trinity.log").read_text()
         port = run.status()["proxy_port"]
-        chat = (
-            "import json, urllib.request\n"
-            f"base = 'http://127.0.0.1:{port}/v1'\n"
-            "model = json.load(urllib.request.urlopen(base + '/models', timeout=60))['data'][0]['id']\n"
-            "req = urllib.request.Request(base + '/chat/completions', data=json.dumps({'model': model, 'max_tokens': 8, "
-            "'messages': [{'role': 'user', 'content': 'hello'}]}).encode(), headers={'Content-Type': 'application/json'})\n"
-            "print(json.load(urllib.request.urlopen(req, timeout=120))['choices'][0]['message']['content'] is not None)\n"
-        )
-        answer = subprocess.run(net.cmd(head_ns, [sys.executable, "-c", chat]), capture_output=True, text=True, timeout=300)
-        assert answer.returncode == 0 and answer.stdout.strip() == "True", answer.stderr[-3000:]
+
+        def ask(path: str, body: dict | None = None) -> dict:
+            """GET (or POST ``body`` to) the serve's proxy from inside the head's namespace."""
+            script = (
+                "import json, sys, urllib.request\n"
+                f"url = 'http://127.0.0.1:{port}' + sys.argv[1]\n"
+                "data = sys.argv[2].encode() if len(sys.argv) > 2 else None\n"
+                "req = urllib.request.Request(url, data=data, headers={'Content-Type': 'application/json'})\n"
+                "print(urllib.request.urlopen(req, timeout=120).read().decode())\n"
+            )
+            argv = [sys.executable, "-c", script, path] + ([json.dumps(body)] if body is not None else [])
+            out = subprocess.run(net.cmd(head_ns, argv), capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, (path, out.stderr[-3000:])
+            return json.loads(out.stdout)
+
+        model = ask("/v1/models")["data"][0]["id"]
+
+        def greedy() -> str:
+            r = ask("/v1/chat/completions", {"model": model, "max_tokens": 16, "temperature": 0,
+                                             "messages": [{"role": "user", "content": "hello world"}]})  # fmt: skip
+            return r["choices"][0]["message"]["content"] or ""
+
+        before = [greedy(), greedy()]
+        assert before[0] == before[1], "temperature 0 should be deterministic"
+        assert ask("/metrics").get("rollout/model_0/model_version") == 0
+        # weight sync across the nodes: a checkpoint written as the trainer writes it (on the shared
+        # file system both namespaces see), loaded by the engine on the worker without a restart
+        import torch
+        import yaml
+        from safetensors.torch import load_file, save_file
+
+        from rftstack.run import serve_config
+
+        sd = load_file(str(tiny_model / "model.safetensors"))
+        g = torch.Generator().manual_seed(1)
+        new = {k: (v.float() + 0.5 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.dim() == 2 else v for k, v in sd.items()}
+        job = Path(serve_config.job_dir(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())))
+        actor = job / "global_step_1" / "actor"
+        actor.mkdir(parents=True, exist_ok=True)
+        save_file(new, str(actor / "model.safetensors"))
+        (job / ".iteration.tmp").write_text("1")
+        os.replace(job / ".iteration.tmp", job / "latest_state_dict_iteration.txt")  # atomically, as the trainer does
+        t_sync, version = time.monotonic(), None
+        while time.monotonic() - t_sync < 180 and version != 1:
+            time.sleep(1)
+            version = ask("/metrics").get("rollout/model_0/model_version")
+        sync_s = time.monotonic() - t_sync
+        assert version == 1, f"model_version {version} after {sync_s:.0f} s"
+        assert greedy() != before[0], "the new weights did not change the greedy answer"
         run.proc.send_signal(signal.SIGINT)
         assert run.finish() == 0, run.stderr[-5000:]
 
@@ -116,7 +158,7 @@ def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
         back = memory_back_after(baseline, 60)
         assert back is not None, "GPU memory did not come back within 60 s"
         print("CLUSTER_GPU " + json.dumps({"cluster_up_s": round(t_cluster, 1), "ready_s": round(t_ready, 1), "head": head_ip,
-                                           "worker": worker_ip, "memory_back_s": back}))  # fmt: skip
+                                           "worker": worker_ip, "weight_sync_s": round(sync_s, 1), "memory_back_s": back}))  # fmt: skip
     finally:
         if run is not None:
             run.kill()
