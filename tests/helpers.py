@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -126,3 +127,21 @@ def trinity_driver_pids(serve_tag: str) -> list[int]:
     from rftstack.run import supervisor
 
     return [p.pid for p in supervisor.tagged(serve_tag) if " run --config " in f" {p.cmdline} " and not p.cmdline.startswith("ray::")]
+
+
+def experience_reads(db: str | os.PathLike) -> tuple[dict[str, int], dict[int, list[str]] | None]:
+    """Per experience its `consumed`; per trainer step the experiences the patched SQL reader
+    recorded for it (trinity-sql-read-requeue.patch's side table; None when there is none)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        consumed = dict(con.execute("select msg_id, consumed from experience_buffer").fetchall())
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+        if "experience_buffer_reads" not in tables:
+            return consumed, None
+        steps: dict[int, list[str]] = {}
+        for step, msg_id in con.execute("select r.step, e.msg_id from experience_buffer_reads r "
+                                         "join experience_buffer e on e.id = r.id order by r.step, e.msg_id"):  # fmt: skip
+            steps.setdefault(step, []).append(msg_id)
+        return consumed, steps
+    finally:
+        con.close()

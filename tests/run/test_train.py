@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from rftstack.run import supervisor, train_config
+from helpers import experience_reads
 
 pytestmark = pytest.mark.slow
 
@@ -124,20 +125,6 @@ asyncio.run(main())
 """
 
 
-def read_store(db) -> tuple[dict[str, int], dict[int, list[str]]]:
-    """Per experience its `consumed`; per step the experiences the patched reader recorded."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        consumed = dict(con.execute("select msg_id, consumed from experience_buffer").fetchall())
-        steps: dict[int, list[str]] = {}
-        for step, msg_id in con.execute("select r.step, e.msg_id from experience_buffer_reads r "
-                                         "join experience_buffer e on e.id = r.id order by r.step, e.msg_id"):  # fmt: skip
-            steps.setdefault(step, []).append(msg_id)
-        return consumed, steps
-    finally:
-        con.close()
-
-
 def test_the_batch_of_the_failed_step_is_given_back(tmp_path, session_head, serve_runner, tiny_model):
     """Six experiences written by Trinity's SQL writer (batches of 2); the trainer double reads each
     step's batch with Trinity's real sample strategy and patched SQL reader, step 2 raises and the
@@ -164,7 +151,7 @@ def test_the_batch_of_the_failed_step_is_given_back(tmp_path, session_head, serv
     assert [e for e in run.events if e["event"] == "gave_back"] == [{"event": "gave_back", **st["gave_back"]}]
     assert sentence in (run.run_dir / "logs" / "train.log").read_text()
     assert (tmp_path / "ckpt/p/n/latest_checkpointed_iteration.txt").read_text() == "2"
-    assert read_store(db) == ({"e0": 0, "e1": 0, "e2": 0, "e3": 0, "e4": 1, "e5": 1}, {1: ["e4", "e5"]})
+    assert experience_reads(db) == ({"e0": 0, "e1": 0, "e2": 0, "e3": 0, "e4": 1, "e5": 1}, {1: ["e4", "e5"]})
     assert_nothing_left(run)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import run_python
+from helpers import experience_reads, run_python
 from rftstack.run import train_config
 
 BATCH = 3
@@ -119,19 +119,7 @@ def run_trainer(site: Path, cfg: Path, plan: dict, killed: bool = False, env: di
 
 def store(tmp_path: Path) -> tuple[dict[str, int], dict[int, list[str]] | None]:
     """Per experience its `consumed`; per step the experiences its batch took (None: no side table)."""
-    con = sqlite3.connect(tmp_path / "ckpt/report/qwen3b/buffer/experience_buffer.db")
-    try:
-        consumed = dict(con.execute("select msg_id, consumed from experience_buffer").fetchall())
-        tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
-        if "experience_buffer_reads" not in tables:
-            return consumed, None
-        steps: dict[int, list[str]] = {}
-        for step, msg_id in con.execute("select r.step, e.msg_id from experience_buffer_reads r "
-                                         "join experience_buffer e on e.id = r.id order by r.step, e.msg_id"):  # fmt: skip
-            steps.setdefault(step, []).append(msg_id)
-        return consumed, steps
-    finally:
-        con.close()
+    return experience_reads(tmp_path / "ckpt/report/qwen3b/buffer/experience_buffer.db")
 
 
 # nine experiences in three commits; the reader takes the newest unconsumed first
