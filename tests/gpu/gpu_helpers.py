@@ -4,6 +4,7 @@ report-shaped `rftstack serve` on the tiny model, its stores and its processes."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -90,3 +91,20 @@ def experience_rows(db: str) -> list[tuple[str, float]]:
     finally:
         con.close()
 
+
+
+def write_trainer_checkpoint(model_dir: Path, job_dir: Path, step: int = 1) -> None:
+    """A checkpoint of ``model_dir``'s weights, each matrix moved by seeded noise, written under
+    ``job_dir`` as the trainer writes it (global_step_N/actor, then latest_state_dict_iteration.txt
+    replaced atomically), so the serve's synchronizer loads it as version ``step``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(model_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(step)
+    new = {k: (v.float() + 0.5 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.dim() == 2 else v for k, v in sd.items()}
+    actor = job_dir / f"global_step_{step}" / "actor"
+    actor.mkdir(parents=True, exist_ok=True)
+    save_file(new, str(actor / "model.safetensors"))
+    (job_dir / ".iteration.tmp").write_text(str(step))
+    os.replace(job_dir / ".iteration.tmp", job_dir / "latest_state_dict_iteration.txt")

@@ -16,7 +16,6 @@ worker and the head leaves no process; GPU memory comes back. It prints one JSON
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ServeRun, rftstack_env, write_report_config
-from gpu_helpers import gpu_memory_used_mib, has_gpu, memory_back_after
+from gpu_helpers import gpu_memory_used_mib, has_gpu, memory_back_after, write_trainer_checkpoint
 from netns_helpers import PrivateNet, unavailable
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -126,21 +125,12 @@ def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
         assert ask("/metrics").get("rollout/model_0/model_version") == 0
         # weight sync across the nodes: a checkpoint written as the trainer writes it (on the shared
         # file system both namespaces see), loaded by the engine on the worker without a restart
-        import torch
         import yaml
-        from safetensors.torch import load_file, save_file
 
         from rftstack.run import serve_config
 
-        sd = load_file(str(tiny_model / "model.safetensors"))
-        g = torch.Generator().manual_seed(1)
-        new = {k: (v.float() + 0.5 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.dim() == 2 else v for k, v in sd.items()}
         job = Path(serve_config.job_dir(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())))
-        actor = job / "global_step_1" / "actor"
-        actor.mkdir(parents=True, exist_ok=True)
-        save_file(new, str(actor / "model.safetensors"))
-        (job / ".iteration.tmp").write_text("1")
-        os.replace(job / ".iteration.tmp", job / "latest_state_dict_iteration.txt")  # atomically, as the trainer does
+        write_trainer_checkpoint(tiny_model, job)
         t_sync, version = time.monotonic(), None
         while time.monotonic() - t_sync < 180 and version != 1:
             time.sleep(1)

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from helpers import ServeRun, rftstack_env
-from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post
+from gpu_helpers import gpu_memory_used_mib, gpu_pids, has_gpu, memory_back_after, post, write_trainer_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -180,24 +180,12 @@ def test_experiences_carry_tokens_and_logprobs(served):
 
 
 def test_new_checkpoint_is_served_without_restart(served):
-    import torch
-    from safetensors.torch import load_file, save_file
-
     from rftstack.run import serve_config
 
     before = [served.chat("hello world") for _ in range(2)]
     assert before[0] == before[1], "temperature 0 should be deterministic"
     assert served.metrics().get("rollout/model_0/model_version") == 0
-    model_dir = Path(served.config["model"]["model_path"])
-    sd = load_file(str(model_dir / "model.safetensors"))
-    g = torch.Generator().manual_seed(1)
-    new = {k: (v.float() + 0.5 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.dim() == 2 else v for k, v in sd.items()}
-    job = Path(serve_config.job_dir(served.config))
-    actor = job / "global_step_1" / "actor"
-    actor.mkdir(parents=True, exist_ok=True)
-    save_file(new, str(actor / "model.safetensors"))
-    (job / ".iteration.tmp").write_text("1")
-    os.replace(job / ".iteration.tmp", job / "latest_state_dict_iteration.txt")  # atomically, as the trainer does
+    write_trainer_checkpoint(Path(served.config["model"]["model_path"]), Path(serve_config.job_dir(served.config)))
     t0, version = time.monotonic(), None
     while time.monotonic() - t0 < 120:
         version = served.metrics().get("rollout/model_0/model_version")
