@@ -22,6 +22,10 @@ Variants (``--variants``):
               responses share one transaction); needs the patch installed (`rftstack relax`)
   sqlite-fast sqlite-group with the fast-forward patch on as well (RFTSTACK_PROXY_FAST_FORWARD=1);
               needs both patches installed
+  sqlite-gc   sqlite-fast with the gc patch of app.py on as well (patches/trinity-proxy-gc.patch,
+              RFTSTACK_PROXY_GC=1: the start's objects frozen for the collector, generation 0's
+              threshold raised): what `rftstack relax` installs; needs the three patches installed
+  hop-gc      hop-fast with the gc patch on as well
   sqlite-shm  the same SQLite file on /dev/shm (tmpfs): explorer.db_url = sqlite:////dev/shm/...
   sqlite-wal  the SQLite file on disk with `PRAGMA journal_mode=WAL; synchronous=NORMAL` set on every
               new connection (an SQLAlchemy "connect" event: what a named rftstack patch would do)
@@ -30,7 +34,8 @@ Variants (``--variants``):
               overflow connection (with its aiosqlite thread) is opened and closed per response
 Every sqlite variant but sqlite-group and sqlite-fast runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e.
 upstream's write path whether or not the patch is installed, and every variant but hop-fast and
-sqlite-fast with RFTSTACK_PROXY_FAST_FORWARD=0, so one run compares them side by side.
+sqlite-fast with RFTSTACK_PROXY_FAST_FORWARD=0, and every variant but hop-gc and sqlite-gc with
+RFTSTACK_PROXY_GC=0, so one run compares them side by side.
 Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
               default, access log on)
@@ -46,7 +51,9 @@ Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
         [--variants hop,memory,sqlite,sqlite-shm,sqlite-wal,sqlite+quiet] [--concurrency 1,8,32,64] [--requests 400]
 
 Per variant it also reports the proxy process's CPU time (all threads, from /proc) per response,
-over all levels and their warm-up requests.
+over all levels and their warm-up requests, and the garbage collector's work in the proxy process
+over the same window (``gc``: collections per generation, their wall ms, the longest pause; timed
+with gc.callbacks in the child, which writes them to a file when it stops).
 """
 
 from __future__ import annotations
@@ -70,12 +77,14 @@ sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
 from rftstack.doctor.netstat import free_port
 
-VARIANTS = ("hop", "hop-fast", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-shm", "sqlite-wal", "sqlite-pool1")
+VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
+            "sqlite-wal", "sqlite-pool1")
 FLAGS = ("quiet", "h11", "published", "offer")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
 FAST_FORWARD_VAR = "RFTSTACK_PROXY_FAST_FORWARD"  # read by the patched app.py
+GC_VAR = "RFTSTACK_PROXY_GC"  # read by the patched app.py
 WARMUP = 8  # unmeasured requests before each level
 
 
@@ -84,12 +93,17 @@ def group_commit_setting(variant: str) -> str | None:
     base = variant.partition("+")[0]
     if not base.startswith("sqlite"):
         return None
-    return "1" if base in ("sqlite-group", "sqlite-fast") else "0"
+    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc") else "0"
 
 
 def fast_forward_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_FAST_FORWARD a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast") else "0"
+    return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc") else "0"
+
+
+def gc_setting(variant: str) -> str:
+    """The value of RFTSTACK_PROXY_GC a variant's proxy runs with."""
+    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc") else "0"
 
 
 def variants_problem(variants: list[str]) -> str | None:
@@ -103,16 +117,24 @@ def variants_problem(variants: list[str]) -> str | None:
     if any(fast_forward_setting(v) == "1" for v in variants) and not fast_forward_installed():
         return ("variants hop-fast and sqlite-fast need the fast-forward patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-proxy-fast-forward.patch)")
+    if any(gc_setting(v) == "1" for v in variants) and not app_patch_installed(GC_VAR):
+        return ("variants hop-gc and sqlite-gc need the gc patch in the installed Trinity; "
+                "run `rftstack relax` (it applies patches/trinity-proxy-gc.patch)")
     return None
 
 
 def fast_forward_installed() -> bool:
     """Whether the installed Trinity's proxy app carries the fast-forward patch (read, not imported)."""
+    return app_patch_installed(FAST_FORWARD_VAR)
+
+
+def app_patch_installed(variable: str) -> bool:
+    """Whether the installed Trinity's proxy app reads ``variable`` (a patch of it; read, not imported)."""
     spec = importlib.util.find_spec("trinity")
     if spec is None or not spec.origin:
         return False
     app = Path(spec.origin).parent / "explorer" / "proxy" / "app.py"
-    return app.is_file() and FAST_FORWARD_VAR in app.read_text()
+    return app.is_file() and variable in app.read_text()
 
 
 def flags(variant: str) -> set[str]:
@@ -150,6 +172,7 @@ def group_commit_installed() -> bool:
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process)."""
     os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when app.py is imported
+    os.environ[GC_VAR] = gc_setting(variant)  # the same
     import uvicorn
 
     from trinity.explorer.proxy import app as proxy_app
@@ -214,6 +237,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     print(f"FAST_FORWARD {os.environ[FAST_FORWARD_VAR]}", flush=True)
     if group_commit is not None:
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
+    gc_events = record_gc()
     print(f"READY {port}", flush=True)
     try:
         if flag & {"quiet", "h11", "published"}:
@@ -226,6 +250,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on
         pass
     finally:
+        Path(workdir, f"gc-{variant}.json").write_text(json.dumps(gc_events))
         p = getattr(service, "db_path", None)
         if p and os.path.exists(p):
             import sqlite3
@@ -233,6 +258,34 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
             rows = sqlite3.connect(p).execute("select count(*) from proxy_history").fetchone()[0]
             print(f"ROWS {rows}", flush=True)
             os.unlink(p)
+
+
+def record_gc() -> list[list[float]]:
+    """From now on, each collection of this process's garbage collector as [start (time.monotonic,
+    the clock the parent reads), generation, wall seconds], appended to the list returned."""
+    import gc
+
+    events: list[list[float]] = []
+    started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.monotonic()
+        else:
+            events.append([started[0], info["generation"], time.monotonic() - started[0]])
+
+    gc.callbacks.append(on_gc)
+    return events
+
+
+def gc_in_window(events: list[list[float]], t0: float, t1: float, responses: int) -> dict:
+    """The collections that started between t0 and t1: count and wall ms per generation, the longest
+    pause, and the total per response."""
+    inside = [e for e in events if t0 <= e[0] <= t1]
+    ms = [round(1000 * sum(e[2] for e in inside if e[1] == g), 1) for g in range(3)]
+    return {"collections": [sum(1 for e in inside if e[1] == g) for g in range(3)], "wall_ms": ms,
+            "max_pause_ms": round(1000 * max((e[2] for e in inside), default=0.0), 1),
+            "wall_ms_per_response": round(sum(ms) / responses, 3) if responses else None}
 
 
 def wait_http(url: str, proc: subprocess.Popen, limit_s: float) -> None:
@@ -345,19 +398,23 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
                 startup = time.monotonic() - t0
-                cpu0 = process_cpu_s(proxy.pid)
+                cpu0, load0 = process_cpu_s(proxy.pid), time.monotonic()
                 r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})", H2C_OFFER if "offer" in flags(v) else None)
-                cpu = process_cpu_s(proxy.pid) - cpu0
+                cpu, load1 = process_cpu_s(proxy.pid) - cpu0, time.monotonic()
                 r["proxy_startup_s"] = round(startup, 2)
             finally:
                 stop(proxy)
             answered = sum(lv["ok"] for lv in r["levels"]) + WARMUP * len(r["levels"])
             r["proxy_cpu_s"] = round(cpu, 3)
             r["proxy_cpu_ms_per_response"] = round(1000 * cpu / answered, 3) if answered else None
+            gc_file = work / f"gc-{v}.json"
+            if gc_file.exists():
+                r["gc"] = gc_in_window(json.loads(gc_file.read_text()), load0, load1, answered)
             log = (logs / f"proxy-{v}.log").read_text().splitlines()
             rows = [ln for ln in log if ln.startswith("ROWS ")]
             if rows:
                 r["recorded_rows"] = int(rows[-1].split()[1])
+            r["proxy_gc_tuning"] = any("objects frozen for the garbage collector" in ln for ln in log)
             fast = [ln for ln in log if ln.startswith("FAST_FORWARD ")]
             if fast:
                 r["proxy_fast_forward"] = fast[-1].split()[1] == "1"
@@ -400,6 +457,9 @@ def summary(result: dict) -> dict:
             }
         if run.get("proxy_cpu_ms_per_response") is not None:
             rows["cpu_ms_per_response"] = run["proxy_cpu_ms_per_response"]
+        if run.get("gc"):
+            rows["gc_wall_ms_per_response"] = run["gc"]["wall_ms_per_response"]
+            rows["gc_max_pause_ms"] = run["gc"]["max_pause_ms"]
         out[name] = rows
     return out
 

@@ -74,6 +74,45 @@ RULES: list[tuple[str, tuple[str, ...], str | None]] = [
     ("JSON encode/decode (stdlib json)", ("json/",), None),
     ("Trinity proxy app (handlers)", ("trinity/explorer/proxy/app.py",), None),
 ]
+# Stages of a recorded response (main thread), for ``stages``: the first frame from the leaf up that
+# matches decides, so SQLAlchemy under the writer task counts as the group commit, and torch under
+# serialize() as serialization. A collection of the garbage collector is charged to the stage whose
+# allocation set it off (py-spy sees the Python frame): ``gc`` in the result times them apart.
+STAGES: list[tuple[str, str, str]] = [
+    ("experience serialization (safetensors + pickle)", "trinity/common/experience.py", r"serializ"),
+    ("group commit: rows, SQL, commit (writer task)", "trinity/explorer/proxy/recorder.py", r"_write_queued|_commit_batch"),
+    ("queueing for the group commit", "trinity/explorer/proxy/recorder.py", r"record_history|_record_grouped"),
+    ("experience build (torch tensors)", "trinity/explorer/proxy/service.py", r"record_experience"),
+    ("parsing the engine's answer (orjson)", "trinity/explorer/proxy/app.py", r"^_fast_loads$"),
+    ("forwarding to the engine (aiohttp)", "trinity/explorer/proxy/app.py", r"^_fast_post$"),
+    ("chat_completions: request rewrite, response, headers", "trinity/explorer/proxy/app.py", r"."),
+]
+STAGE_REST = "HTTP server, routing, event loop (outside chat_completions)"
+
+
+def stage(frames: list[str]) -> str:
+    """The stage of one main-thread sample (frames root first)."""
+    for frame in reversed(frames):
+        func, path = parse_frame(frame)
+        for name, file, func_re in STAGES:
+            if path == file and re.search(func_re, func):
+                return name
+    return STAGE_REST
+
+
+def stages_ms(stacks: list[tuple[list[str], int]], base: dict) -> dict:
+    """CPU ms per response by stage: main-thread busy samples (epoll_wait left out) x main-thread ms/response."""
+    counts: Counter = Counter()
+    for frames, n in stacks:
+        root = frames[0] if frames and frames[0].startswith(("thread (", "thread: ")) else ""
+        rest = frames[1:] if root else frames
+        if thread_kind(root) != "main" or categorise(rest) == EPOLL:
+            continue
+        counts[stage(rest)] += n
+    busy, per = sum(counts.values()), base.get("cpu_ms_per_response_main") or 0.0
+    return {k: round(v / busy * per, 3) for k, v in counts.most_common()} if busy else {}
+
+
 LOOP = "asyncio event loop + socket I/O"
 EPOLL = "event loop in epoll_wait (mostly idle: waiting for the DB or upstream)"
 OTHER = "other"
@@ -242,7 +281,7 @@ def window(load: Load, pid: int, action) -> dict:
     c1, m1 = cpu_split(pid)
     ok, err = load.count(t0, t1)
     wall = t1 - t0
-    return {"wall_s": round(wall, 3), "responses": ok, "errors": err, "responses_per_s": round(ok / wall, 2),
+    return {"monotonic": [t0, t1], "wall_s": round(wall, 3), "responses": ok, "errors": err, "responses_per_s": round(ok / wall, 2),
             "cpu_s": round(c1 - c0, 3), "cpu_s_main": round(m1 - m0, 3), "cpu_s_other_threads": round(c1 - c0 - (m1 - m0), 3),
             "cpu_ms_per_response": round(1000 * (c1 - c0) / ok, 3) if ok else None,
             "cpu_ms_per_response_main": round(1000 * (m1 - m0) / ok, 3) if ok else None,
@@ -307,10 +346,15 @@ def profile_variant(args, py_spy: list[str], url: str, variant: str, logs: Path,
     out_stacks = stacks_dir / f"{variant}{'-native' if args.native else ''}{'-nonblocking' if args.nonblocking else ''}.collapsed.gz"
     out_stacks.write_bytes(gzip.compress(norm.encode(), mtime=0))
     s = summarise(stacks)
+    gc_file = work / f"gc-{variant}.json"
+    gc_events = json.loads(gc_file.read_text()) if gc_file.exists() else []
+    for w in (base, prof):
+        w["gc"] = po.gc_in_window(gc_events, *w.pop("monotonic"), w["responses"])
     return {"variant": variant, "baseline_no_profiler": base, "profiled_window": prof,
             "py_spy": {"command": " ".join(cmd[:1] + cmd[1:]), "stderr_tail": (p.stderr or "").strip().splitlines()[-3:]},
             "collapsed_stacks": str(out_stacks), "collapsed_stacks_bytes": len(norm.encode()),
-            **s, "cpu_ms_per_response_by_category": ms_table(s, base)}
+            **s, "cpu_ms_per_response_by_category": ms_table(s, base),
+            "cpu_ms_per_response_by_stage": stages_ms(stacks, base)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
               f"CPU ms/resp (main {r['baseline_no_profiler']['cpu_ms_per_response_main']})")
         for k, ms in r["cpu_ms_per_response_by_category"].items():
             print(f"  {ms!s:>8} ms  {k}")
+        print("  by stage:")
+        for k, ms in r["cpu_ms_per_response_by_stage"].items():
+            print(f"  {ms!s:>8} ms  {k}")
+        print(f"  garbage collector, no profiler: {r['baseline_no_profiler']['gc']}")
     return 0
 
 

@@ -83,3 +83,44 @@ def test_http_protocol_flags_and_the_h2c_offer(tmp_path):
     logs = tmp_path / "p-logs"
     assert "HTTP_PROTOCOL h11" in (logs / "proxy-hop+h11+offer.log").read_text()
     assert "HTTP_PROTOCOL httptools (published)" in (logs / "proxy-hop+published+offer.log").read_text()
+
+
+def test_gc_setting_per_variant():
+    import proxy_overhead as po
+
+    got = {v: (po.gc_setting(v), po.fast_forward_setting(v), po.group_commit_setting(v))
+           for v in ("hop", "hop-fast", "hop-gc", "sqlite-fast", "sqlite-gc", "sqlite-gc+quiet")}
+    assert got == {"hop": ("0", "0", None), "hop-fast": ("0", "1", None), "hop-gc": ("1", "1", None),
+                   "sqlite-fast": ("0", "1", "1"), "sqlite-gc": ("1", "1", "1"), "sqlite-gc+quiet": ("1", "1", "1")}
+
+
+def test_gc_window_counts_only_the_collections_inside_it():
+    import proxy_overhead as po
+
+    events = [[9.0, 2, 0.5], [10.0, 0, 0.001], [10.5, 1, 0.004], [11.0, 2, 0.25], [12.5, 0, 0.002]]
+    assert po.gc_in_window(events, 10.0, 12.0, 100) == {
+        "collections": [1, 1, 1], "wall_ms": [1.0, 4.0, 250.0], "max_pause_ms": 250.0, "wall_ms_per_response": 2.55}
+    assert po.gc_in_window([], 0.0, 1.0, 0)["wall_ms_per_response"] is None
+
+
+@pytest.mark.slow
+def test_sqlite_fast_and_sqlite_gc_side_by_side(tmp_path):
+    """The gc patch off (sqlite-fast) and on (sqlite-gc) in one run: every response recorded by both,
+    the collector's work in the load window reported, and the patch's log line only where it is on."""
+    import proxy_overhead as po
+
+    out = tmp_path / "gc.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "sqlite-fast,sqlite-gc",
+                        "--concurrency", "8", "--requests", "24", "--max-tokens", "5"],
+                       capture_output=True, text=True, timeout=600, check=False)
+    if not po.app_patch_installed(po.GC_VAR):
+        assert r.returncode == 2 and "need the gc patch" in r.stderr and "Traceback" not in r.stderr
+        return
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for v, on in (("sqlite-fast", False), ("sqlite-gc", True)):
+        run = res["runs"][v]
+        assert run["proxy_gc_tuning"] is on and run["proxy_fast_forward"] is True and run["recorder_group_commit"] is True
+        assert run["levels"][0]["ok"] == 24 and run["recorded_rows"] == 8 + 24
+        assert len(run["gc"]["collections"]) == 3 and run["gc"]["wall_ms_per_response"] is not None
+    assert "gc_max_pause_ms" in res["summary"]["sqlite-gc"]

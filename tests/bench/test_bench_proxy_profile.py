@@ -124,3 +124,30 @@ def test_missing_py_spy_names_the_fix(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "py-spy is not available" in r.stderr and "uv tool install py-spy" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.json").exists()
+
+
+def test_each_main_thread_sample_gets_the_stage_of_its_first_matching_frame_from_the_leaf():
+    top = "thread: main;Handle._run (asyncio/events.py:80);Starlette.__call__ (starlette/applications.py:96)"
+    chat = top + ";chat_completions (trinity/explorer/proxy/app.py:575)"
+    stacks = [
+        (chat + ";_fast_loads (trinity/explorer/proxy/app.py:87)", 4),
+        (chat + ";ExplorerService.record_experience (trinity/explorer/proxy/service.py:200);Tensor.__new__ (torch/_tensor.py:10)", 2),
+        (chat + ";ExplorerService.record_experience (trinity/explorer/proxy/service.py:221);HistoryRecorder.record_history "
+                "(trinity/explorer/proxy/recorder.py:102);HistoryRecorder._record_grouped (trinity/explorer/proxy/recorder.py:110);"
+                "Experience.serialize (trinity/common/experience.py:303);save (safetensors/torch.py:1)", 3),
+        ("thread: main;Handle._run (asyncio/events.py:80);HistoryRecorder._write_queued (trinity/explorer/proxy/recorder.py:180);"
+         "HistoryRecorder._commit_batch (trinity/explorer/proxy/recorder.py:170);AsyncSession.execute (sqlalchemy/ext/asyncio/session.py:1)", 1),
+        (chat + ";_build_downstream_headers (trinity/explorer/proxy/app.py:300)", 2),
+        (top + ";h11 (uvicorn/protocols/http/httptools_impl.py:1)", 4),
+        ("thread: main;EpollSelector.select (selectors.py:468)", 50),  # idle: not CPU
+        ("thread: aiosqlite;_connection_worker_thread (aiosqlite/core.py:59)", 9),  # not the main thread
+    ]
+    got = pp.stages_ms([(line.split(";"), n) for line, n in stacks], {"cpu_ms_per_response_main": 2.0})
+    assert got == {
+        "parsing the engine's answer (orjson)": 0.5,
+        "HTTP server, routing, event loop (outside chat_completions)": 0.5,
+        "experience serialization (safetensors + pickle)": 0.375,
+        "experience build (torch tensors)": 0.25,
+        "chat_completions: request rewrite, response, headers": 0.25,
+        "group commit: rows, SQL, commit (writer task)": 0.125,
+    }
