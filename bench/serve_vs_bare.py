@@ -17,6 +17,9 @@ Phases (each hard time-bounded, processes always stopped, results written after 
            the same with RFTSTACK_PROXY_FAST_FORWARD=0 (upstream Trinity's forwarding: httpx, the
            response rebuilt through a dict), so the fast-forward patch's effect is measured side by
            side with bare and `trinity` (which runs with it, the default) in one run
+  trinity-nogc
+           the same with RFTSTACK_PROXY_GC=0 (Python's garbage collector as it comes in the proxy's
+           process, without patches/trinity-proxy-gc.patch), side by side with `trinity` in one run
   manual   the report's steps by hand: `ray start --head` (loopback, explicit ports, private
            temp dir) then `trinity run --config CONFIG`: time to ready only
 
@@ -59,10 +62,10 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
-from proxy_overhead import FAST_FORWARD_VAR, GROUP_COMMIT_VAR  # noqa: E402
+from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E402
 from rftstack.doctor.netstat import free_port
 
-PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "manual")
+PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "manual")
 
 # vLLM / Trinity log lines that say where start-up time goes: name -> regex (first group: seconds)
 MARKERS = {
@@ -271,7 +274,7 @@ class Bench:
                 "rounds": args.rounds, "spread": args.spread, "spread_levels": args.spread_levels,
                 "bare_extra_args": args.bare_extra_args, "ready_only": args.ready_only, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
                 "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES",
-                                                       GROUP_COMMIT_VAR, FAST_FORWARD_VAR)},
+                                                       GROUP_COMMIT_VAR, FAST_FORWARD_VAR, GC_VAR)},
             },
             "command": " ".join([sys.executable, *sys.argv]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -423,7 +426,7 @@ class Bench:
         r["startup_markers"] = markers(p.lines)
         if extra_ready:
             r.update(extra_ready)
-        if r["ready"]["ready"] and name in ("trinity", "trinity-nogroup", "trinity-noff") and not self.args.ready_only:
+        if r["ready"]["ready"] and name in ("trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc") and not self.args.ready_only:
             base = r["ready"]["base_url"]
             r["load"] = self.load(base, f"{name}-proxy", like_proxy=False, model=r["ready"]["model"])
             if self.args.spread:
@@ -467,6 +470,11 @@ class Bench:
         r["env"] = {FAST_FORWARD_VAR: "0"}
         return r
 
+    def phase_trinity_nogc(self) -> dict:
+        r = self.phase_trinity("trinity-nogc", env={**self.env(), GC_VAR: "0"})
+        r["env"] = {GC_VAR: "0"}
+        return r
+
     def phase_manual(self) -> dict:
         ray_dir = Path(f"/tmp/rb-{os.getpid()}")  # Ray's socket paths must stay short
         gcs = free_port()
@@ -498,9 +506,9 @@ class Bench:
 
     def run(self) -> int:
         phases = [p.strip() for p in self.args.phases.split(",") if p.strip()]
-        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "trinity-noff": 240, "manual": 240}
+        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "trinity-noff": 240, "trinity-nogc": 240, "manual": 240}
         if self.args.ready_only:
-            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "trinity-noff": 200, "manual": 200}
+            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "trinity-noff": 200, "trinity-nogc": 200, "manual": 200}
         for ph in phases:
             if self.remaining() < estimate[ph] * 0.5:
                 self.result["phases"][ph] = {"skipped": f"budget: {self.remaining():.0f} s left"}
@@ -562,14 +570,15 @@ def summary(result: dict) -> dict:
         for name in ("trinity", "manual"):
             if name in out["ready_s"]:
                 out[f"ready_ratio_{name}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
-    nogroup, noff = ph.get("trinity-nogroup", {}), ph.get("trinity-noff", {})
+    nogroup, noff, nogc = ph.get("trinity-nogroup", {}), ph.get("trinity-noff", {}), ph.get("trinity-nogc", {})
     out["throughput_ratio"] = _ratios(bare.get("load"), (
         ("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
-        ("proxy", tri.get("load")), ("proxy_nogroup", nogroup.get("load")), ("proxy_noff", noff.get("load"))))
+        ("proxy", tri.get("load")), ("proxy_nogroup", nogroup.get("load")), ("proxy_noff", noff.get("load")),
+        ("proxy_nogc", nogc.get("load"))))
     if bare.get("load_spread"):
         out["throughput_ratio_spread"] = _ratios(bare.get("load_spread"), (
             ("proxy", tri.get("load_spread")), ("proxy_nogroup", nogroup.get("load_spread")),
-            ("proxy_noff", noff.get("load_spread"))))
+            ("proxy_noff", noff.get("load_spread")), ("proxy_nogc", nogc.get("load_spread"))))
     return out
 
 
