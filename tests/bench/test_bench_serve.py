@@ -269,3 +269,17 @@ def test_summary_adds_the_noff_phase_next_to_the_proxy():
                                           "proxy_noff_tok_s": 610.0, "proxy_noff_vs_bare": 0.61}
     assert s["throughput_ratio_spread"]["64"]["proxy_noff_vs_bare"] == 0.7
     assert "trinity-noff" in svb.PHASES and svb.FAST_FORWARD_VAR == "RFTSTACK_PROXY_FAST_FORWARD"
+
+
+def test_summary_adds_the_nogc_phase_next_to_the_proxy():
+    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
+    result = {"label": "x", "phases": {
+        "bare": {"load": {"levels": [lv(32, 1000.0)]}, "load_spread": {"levels": [lv(32, 1000.0)]}},
+        "trinity": {"load": {"levels": [lv(32, 900.0)]}, "load_spread": {"levels": [lv(32, 960.0)]}},
+        "trinity-nogc": {"load": {"levels": [lv(32, 800.0)]}, "load_spread": {"levels": [lv(32, 920.0)]}},
+    }}
+    s = svb.summary(result)
+    assert s["throughput_ratio"]["32"] == {"bare_tok_s": 1000.0, "proxy_tok_s": 900.0, "proxy_vs_bare": 0.9,
+                                          "proxy_nogc_tok_s": 800.0, "proxy_nogc_vs_bare": 0.8}
+    assert s["throughput_ratio_spread"]["32"]["proxy_nogc_vs_bare"] == 0.92
+    assert "trinity-nogc" in svb.PHASES and svb.GC_VAR == "RFTSTACK_PROXY_GC"
