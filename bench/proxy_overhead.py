@@ -23,8 +23,8 @@ Variants (``--variants``):
   sqlite-fast sqlite-group with the fast-forward patch on as well (RFTSTACK_PROXY_FAST_FORWARD=1);
               needs both patches installed
   sqlite-gc   sqlite-fast with the gc patch of app.py on as well (patches/trinity-proxy-gc.patch,
-              RFTSTACK_PROXY_GC=1: the start's objects frozen for the collector, generation 0's
-              threshold raised): what `rftstack relax` installs; needs the three patches installed
+              RFTSTACK_PROXY_GC=1: the objects of the proxy's start frozen for the garbage
+              collector): what `rftstack relax` installs; needs the three patches installed
   hop-gc      hop-fast with the gc patch on as well
   sqlite-shm  the same SQLite file on /dev/shm (tmpfs): explorer.db_url = sqlite:////dev/shm/...
   sqlite-wal  the SQLite file on disk with `PRAGMA journal_mode=WAL; synchronous=NORMAL` set on every
