@@ -4,10 +4,11 @@ on the head with the user report's config on the tiny model.
 
 Run on the GPU host as root (network namespaces), the stack installed for python3:
     PYTHONPATH=$PWD/python python3 -m pytest -q tests/gpu/test_cluster_gpu.py
-Skipped without an NVIDIA GPU, without root or without `ip netns`. Checks: the doctor sees the
-worker's GPU and driver and no CUDA mismatch; serve gets ready; the vLLM engine's processes run in
-the worker's namespace and none in the head's; Trinity's Explorer serves from the head (serve's log
-names RFTSTACK_EXPLORER_NODE, Trinity's log the node); a chat completion answers through the head's
+Skipped without an NVIDIA GPU, without root or without `ip netns` (tests/gpu/ip_kit.sh makes a kit
+of `ip` for a host without iproute2). Checks: the doctor sees the worker's GPU and driver and no CUDA
+mismatch; serve gets ready; the vLLM engine's processes run in the worker's namespace and none in the
+head's; Trinity's Explorer serves from the head (serve's log names RFTSTACK_EXPLORER_NODE, Trinity's
+explorer_server_url.txt the head's address); a chat completion answers through the head's
 proxy; a checkpoint written as the trainer writes it is served without a restart (model_version 1,
 greedy answer changed: weight sync across the nodes); SIGINT stops serve (exit 0); stopping the
 worker and the head leaves no process; GPU memory comes back. It prints one JSON line `CLUSTER_GPU {...}` with the timings and where things ran.
