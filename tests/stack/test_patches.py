@@ -145,10 +145,10 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-request-hygiene.patch: trinity/explorer/proxy/app.py: applied",
         "uvicorn-httptools-ignore-upgrade.patch: uvicorn/protocols/http/httptools_impl.py: applied",
         "trinity-proxy-fast-forward.patch: trinity/explorer/proxy/app.py: applied",
-        "trinity-proxy-gc.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-sql-read-requeue.patch: trinity/buffer/storage/sql.py: applied",
         "trinity-sql-read-requeue.patch: trinity/algorithm/sample_strategy/sample_strategy.py: applied",
         "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-gc.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
