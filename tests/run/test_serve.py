@@ -189,9 +189,10 @@ def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, serve_runner):
 def test_preflight_failure_stops_the_head_and_starts_nothing_else(tmp_path, tiny_model, serve_runner):
     """Without --skip-doctor the real doctor runs; on this CPU-only machine it finds no NVIDIA
     driver (a FAIL) among the machine checks, so serve stops there with the doctor's sentence and
-    exit 1: no Trinity config subprocess (the slow step), no trinity; the own Ray head, which starts
-    beside the machine checks, is stopped at once and its temp dir removed; nothing is left, in a
-    few seconds (it was 19 s with the config checks and the head start waited for)."""
+    exit 1, no trinity: the own Ray head and Trinity's config subprocess (the slow step), which
+    start beside the machine checks, are stopped at once (the head's temp dir removed, the
+    subprocess unread); nothing is left, in a few seconds (it was 19 s with the config checks and
+    the head start waited for)."""
     if importlib.util.find_spec("rftstack.doctor.collect") is None:
         run = serve_runner(["-c", write_config(tmp_path)])
         assert run.finish(timeout=60) == 2
@@ -204,6 +205,7 @@ def test_preflight_failure_stops_the_head_and_starts_nothing_else(tmp_path, tiny
     assert run.finish(timeout=300) == 1
     took = time.monotonic() - t0
     assert "preflight failed" in run.stderr and "gpu.driver" in run.stderr
+    assert "Trinity's own config check started" in run.stderr
     assert "checking the config with Trinity" not in run.stderr and "config.trinity" not in run.stderr
     # the head started beside the machine checks (before their findings were printed), then was
     # stopped: during its `ray start` (not waited for) or, on a quick machine, after it
@@ -306,7 +308,7 @@ OVERLAP_RECORDER = """
     sys.path.insert(0, sys.argv.pop(1))  # tests/doubles
     import h200_driver
     from rftstack import cli
-    from rftstack.doctor.checks import gpu
+    from rftstack.doctor.checks import config, gpu
     from rftstack.run import ray_head, rundir, serve, supervisor
     gpu.read = h200_driver.read  # TEST DOUBLE: the doctor sees an H200 host's driver (this machine has none)
     events, lock = [], threading.Lock()
@@ -335,11 +337,11 @@ OVERLAP_RECORDER = """
     def spawn_rec(*a, **k):
         note("trinity spawned"); flags["trinity spawned"].set()
         return spawn(*a, **k)
-    def preflight_rec(self, config_path):
+    def preflight_rec(self, config_path, probe=None):
         if config_path is None:
             waits_for("ray start", "machine checks", lambda: preflight(self, config_path))()
             note("machine checks end"); return
-        preflight(self, config_path); note("config checks end")
+        preflight(self, config_path, probe); note("config checks end")
     def update_rec(self, **fields):
         phase["now"] = fields.get("phase", phase["now"])
         if fields.get("phase") == "ready":
@@ -350,6 +352,12 @@ OVERLAP_RECORDER = """
         if phase["now"] == "loading" and threading.current_thread() is threading.main_thread():
             loading_sleeps.append(s)
         return sleep(s)
+    probe_init, run_probe = config.Probe.__init__, config.run_probe
+    def probe_init_rec(self, *a, **k):
+        note("config probe starts"); return probe_init(self, *a, **k)
+    def run_probe_rec(*a, **k):
+        note("config probe runs again"); return run_probe(*a, **k)
+    config.Probe.__init__, config.run_probe = probe_init_rec, run_probe_rec
     ray_head.launch, supervisor.spawn, serve.Serve._preflight, rundir.Status.update = launch_rec, spawn_rec, preflight_rec, update_rec
     serve.time.sleep = sleep_rec
     ray_head.probe = waits_for("trinity spawned", "driver check", ray_head.probe)
@@ -360,11 +368,12 @@ OVERLAP_RECORDER = """
 
 def test_preflight_head_and_driver_check_overlap_by_event_order(tmp_path, tiny_model):
     """The runner's own start-up, by the order of its steps (not by timing): the own Ray head's
-    `ray start` begins at once, beside the machine checks (then the config checks: Trinity's own
-    validation, seconds); trinity is started without waiting for the head's driver check, which
-    runs beside it; the loading phase asks the proxy every READY_POLL_S. Each step waits up to 60 s
-    for the one it must overlap, so a runner that does them one after another fails here. The
-    doctor's GPU reader is the TEST DOUBLE tests/doubles/h200_driver.py (no driver here)."""
+    `ray start` and Trinity's own config check (a subprocess, seconds) begin at once, beside the
+    machine checks, and the config checks read that subprocess's answer (none runs again); trinity
+    is started without waiting for the head's driver check, which runs beside it; the loading phase
+    asks the proxy every READY_POLL_S. Each step waits up to 60 s for the one it must overlap, so a
+    runner that does them one after another fails here. The doctor's GPU reader is the TEST DOUBLE
+    tests/doubles/h200_driver.py (no driver here)."""
     env = rftstack_env(RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}", FAKE_TRINITY="check_ray",
                        XDG_CACHE_HOME=str(tmp_path / "cache"))  # fmt: skip
     cfg = write_config(tmp_path, model=tiny_model, max_model_len=2048)
@@ -376,6 +385,7 @@ def test_preflight_head_and_driver_check_overlap_by_event_order(tmp_path, tiny_m
     assert out["rc"] == 0, r.stdout[-3000:]
     assert not [e for e in ev if "in vain" in e], ev
     assert ev.index("ray start") < ev.index("machine checks end") < ev.index("config checks end") < ev.index("trinity spawned")
+    assert ev.index("config probe starts") < ev.index("machine checks begins") and "config probe runs again" not in ev
     assert "machine checks saw ray start" in ev and "driver check saw trinity spawned" in ev
     assert out["loading_sleeps"] and max(out["loading_sleeps"]) <= serve.READY_POLL_S <= 0.1
     assert "Ray head answered a driver at 127.0.0.1:" in r.stdout

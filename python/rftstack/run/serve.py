@@ -372,18 +372,42 @@ class Serve:
     # -- phase preflight (with an own Ray head starting meanwhile)
     def _preflight_and_head(self, plan: Plan) -> None:
         preflight = str(self.run.root / "config.preflight.yaml")
-        if self.args.ray_address:
-            self._preflight(None)
-            self._preflight(preflight)
-        else:
-            # an own head starts at once, beside the machine checks and then the config checks
-            # (`ray start` takes seconds; neither side needs the other): after a FAIL the teardown
-            # stops the head at once and removes its temp dir
-            with HeadStarter(self, self.args.num_gpus, plan.proxy_env, driver_check=False, dashboard=self.args.dashboard) as starter:
+        # Trinity's own config check (a subprocess, the preflight's slow step) starts at once, beside
+        # the machine checks; it is read by the config checks, or stopped unread after a FAIL
+        probe = self._early_probe(plan, preflight)
+        try:
+            if self.args.ray_address:
                 self._preflight(None)
-                self._preflight(preflight)
-            self.head, self.driver_check = starter.result(), starter.check
+                self._preflight(preflight, probe)
+            else:
+                # an own head starts at once too (`ray start` takes seconds; nothing of the
+                # preflight needs it, nor it the preflight): after a FAIL it is stopped at once,
+                # its temp dir removed
+                with HeadStarter(self, self.args.num_gpus, plan.proxy_env, driver_check=False, dashboard=self.args.dashboard) as starter:
+                    self._preflight(None)
+                    self._preflight(preflight, probe)
+                self.head, self.driver_check = starter.result(), starter.check
+        finally:
+            if probe is not None:
+                probe.cancel()
         guard_checkpoints(serve_config.job_dir(plan.preflight_cfg))
+
+    def _early_probe(self, plan: Plan, preflight: str):
+        """Trinity's config subprocess for the preflight's config checks, started now; None when the
+        preflight is skipped or would ask it with a GPU count known only after the machine checks."""
+        if self.args.skip_doctor:
+            return None
+        cfg = plan.preflight_cfg
+        fixed = serve_config.get(cfg, "cluster.node_num") and serve_config.get(cfg, "cluster.gpu_per_node")
+        if not fixed and self.args.num_gpus is None:
+            return None
+        try:
+            from rftstack.doctor.checks import config as config_check
+        except ImportError:
+            return None  # _preflight names what is missing
+        self.say("  Trinity's own config check started (a subprocess, beside the machine checks)")
+        # the serve's tag: the teardown finds it like every other process of this serve
+        return config_check.Probe(preflight, max(1, self.args.num_gpus or 0), env={**os.environ, supervisor.TAG_VAR: self.tag})
 
     # -- phase ray
     def _ray(self, plan: Plan) -> tuple[dict, str]:
@@ -557,8 +581,9 @@ class Serve:
         self.say(f"no -c given: serving the embedded default (tiny model {model}), config {self.run.user_config}")
         return cfg, str(self.run.user_config)
 
-    def _preflight(self, config_path: str | None) -> None:
-        """The doctor's machine groups (``config_path`` None), or everything else about the config."""
+    def _preflight(self, config_path: str | None, probe=None) -> None:
+        """The doctor's machine groups (``config_path`` None), or everything else about the config
+        (``probe``: Trinity's config subprocess, started earlier, for collect)."""
         self.phase("preflight")
         if self.args.skip_doctor:
             if config_path is None:
@@ -580,7 +605,8 @@ class Serve:
             skip = set(MACHINE)
         token = self.args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
         findings = collect(config_path, skip=skip, progress=lambda m: self.say(f"  {m}"),
-                           ray_address=self.args.ray_address, ray_token_path=token if self.args.ray_address else None)  # fmt: skip
+                           ray_address=self.args.ray_address, ray_token_path=token if self.args.ray_address else None,
+                           trinity_probe=probe)  # fmt: skip
         text = render(findings)
         if text:
             for line in text.splitlines():
