@@ -33,11 +33,13 @@ SERIES = (
     (("trinity", "load_engine_direct"), "Trinity's engine, direct (as the proxy asks)"),
     (("trinity", "load"), "through Trinity's proxy"),
     (("trinity-nogroup", "load"), "through Trinity's proxy, group commit off (upstream recorder)"),
+    (("trinity-noff", "load"), "through Trinity's proxy, fast forward off"),
 )
 SPREAD_SERIES = (
     (("bare", "load_spread"), "bare vLLM"),
     (("trinity", "load_spread"), "through Trinity's proxy"),
     (("trinity-nogroup", "load_spread"), "through Trinity's proxy, group commit off (upstream recorder)"),
+    (("trinity-noff", "load_spread"), "through Trinity's proxy, fast forward off"),
 )
 
 

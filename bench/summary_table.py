@@ -8,8 +8,9 @@ One row per figure, in the form a script reads (`| name | value |`), then the ru
 
 --load: a run with the `bare` and `trinity` phases, equal lengths at c=32 and c=64 and spread
 lengths at c=64 (`--spread 0.75 --spread-levels 32,64`). --ready: a `--ready-only` run with
-`bare` and `trinity` on warm caches. --update rewrites the table between the `## Summary` heading
-and the next heading of that file, and nothing else.
+`bare` and `trinity` on warm caches. --update rewrites the table and the runs under it in the
+`## Summary` section (up to the next heading) of that file, and nothing else: the text before the
+table stays.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 HEADING = "## Summary"
+TABLE_HEAD = "| figure | value |"
 
 
 class MissingFigure(ValueError):
@@ -66,7 +68,7 @@ def figures(load: dict, ready: dict, load_name: str, ready_name: str) -> list[tu
 
 
 def table(rows: list[tuple[str, str, str]], load: dict, ready: dict) -> str:
-    out = ["| figure | value |", "|---|---|"]
+    out = [TABLE_HEAD, "|---|---|"]
     out += [f"| {name} | {value} |" for name, value, _ in rows]
     out.append("")
     for source, result in ((rows[0][2], load), (rows[-1][2], ready)):
@@ -75,12 +77,16 @@ def table(rows: list[tuple[str, str, str]], load: dict, ready: dict) -> str:
 
 
 def update(doc: Path, text: str) -> None:
-    """Replace the body under `## Summary` (up to the next `## ` heading) in doc with text."""
+    """Replace the table and its sources under `## Summary` (up to the next `## ` heading) in doc with
+    text; what the section says before its table stays."""
     src = doc.read_text()
     m = re.search(rf"^{re.escape(HEADING)}[^\n]*\n(.*?)(?=^## )", src, flags=re.S | re.M)
     if not m:
         raise MissingFigure(f"{doc} has no '{HEADING}' section followed by another '## ' heading; add one")
-    doc.write_text(src[: m.start(1)] + "\n" + text + "\n" + src[m.end(1) :])
+    body = m.group(1)
+    start = body.find(TABLE_HEAD)
+    intro = body[:start] if start >= 0 else "\n"
+    doc.write_text(src[: m.start(1)] + intro + text + "\n" + src[m.end(1) :])
 
 
 def main(argv: list[str] | None = None) -> int:

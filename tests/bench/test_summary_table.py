@@ -32,11 +32,26 @@ def test_published_summary_is_computed_from_the_named_results():
     assert list(rows) == ["proxy/bare c=64 equal", "proxy/bare c=64 spread", "proxy/bare c=32 equal", "p99 proxy/bare c=32", "ready/bare warm"]
 
 
+def test_the_figures_before_the_fast_forward_patch_are_that_runs():
+    """The Summary's sentence on the run before the fast-forward patch quotes what the script
+    computes from that run's files."""
+    m = re.search(r"Before the fast-forward patch \(session D,\s+`([^`]+)/`\): ([\d., ]+)\.", section())
+    assert m, "the Summary no longer names the run before the fast-forward patch"
+    d = REPO / m.group(1)
+    names = (str(d / "serve-qwen3b-gc.json"), str(d / "serve-qwen3b-warm.json"))
+    load, ready = (json.loads(open(n).read()) for n in names)
+    assert [v for _, v, _ in summary_table.figures(load, ready, *names)] == m.group(2).split(", ")
+
+
 def test_update_rewrites_only_the_summary(tmp_path):
     doc = tmp_path / "b.md"
     doc.write_text("# B\n\n## Summary\n\nold\n\n## 1. Next\n\nkept\n")
     summary_table.update(doc, "| figure | value |\n")
     assert doc.read_text() == "# B\n\n## Summary\n\n| figure | value |\n\n## 1. Next\n\nkept\n"
+    # a section with words before its table keeps them; the old table and its runs go
+    doc.write_text("## Summary\n\nGoals: kept.\n\n| figure | value |\n|---|---|\n| a | 0.10 |\n\n- `old.json`: x\n\n## 1. Next\n")
+    summary_table.update(doc, "| figure | value |\n| b | 0.20 |\n")
+    assert doc.read_text() == "## Summary\n\nGoals: kept.\n\n| figure | value |\n| b | 0.20 |\n\n## 1. Next\n"
 
 
 def test_missing_phase_or_level_is_one_sentence(tmp_path, capsys):

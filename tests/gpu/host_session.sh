@@ -29,7 +29,8 @@
 #   ready-3b   the same on the Qwen2.5-3B-shaped model (run it after qwen3b, whose runs warm the caches)
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
 #   expose     tests/gpu/test_expose_gpu.py         serve --expose: the API key on every route, only the proxy off loopback
-#   cluster    tests/gpu/test_cluster_gpu.py        a GPU-less head and a GPU worker in network namespaces (root)
+#   cluster    tests/gpu/test_cluster_gpu.py        a GPU-less head and a GPU worker in network namespaces (root;
+#              iproute2's `ip`: on a host without it, put the kit of tests/gpu/ip_kit.sh first on PATH)
 #   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
 #              the start-up's silent intervals (the unlogged gap after "init engine")
 #   gap-trinity  the same on `rftstack serve` (Ray workers inherit the sampler through the head)

@@ -4,10 +4,11 @@ on the head with the user report's config on the tiny model.
 
 Run on the GPU host as root (network namespaces), the stack installed for python3:
     PYTHONPATH=$PWD/python python3 -m pytest -q tests/gpu/test_cluster_gpu.py
-Skipped without an NVIDIA GPU, without root or without `ip netns`. Checks: the doctor sees the
-worker's GPU and driver and no CUDA mismatch; serve gets ready; the vLLM engine's processes run in
-the worker's namespace and none in the head's; Trinity's Explorer serves from the head (serve's log
-names RFTSTACK_EXPLORER_NODE, Trinity's log the node); a chat completion answers through the head's
+Skipped without an NVIDIA GPU, without root or without `ip netns` (tests/gpu/ip_kit.sh makes a kit
+of `ip` for a host without iproute2). Checks: the doctor sees the worker's GPU and driver and no CUDA
+mismatch; serve gets ready; the vLLM engine's processes run in the worker's namespace and none in the
+head's; Trinity's Explorer serves from the head (serve's log names RFTSTACK_EXPLORER_NODE, Trinity's
+explorer_server_url.txt the head's address); a chat completion answers through the head's
 proxy; a checkpoint written as the trainer writes it is served without a restart (model_version 1,
 greedy answer changed: weight sync across the nodes); SIGINT stops serve (exit 0); stopping the
 worker and the head leaves no process; GPU memory comes back. It prints one JSON line `CLUSTER_GPU {...}` with the timings and where things ran.
@@ -25,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ServeRun, rftstack_env, write_report_config
+from helpers import ServeRun, rftstack_env
 from gpu_helpers import gpu_memory_used_mib, has_gpu, memory_back_after, write_trainer_checkpoint
 from netns_helpers import PrivateNet, unavailable
+from rftstack.run import report_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -78,7 +80,10 @@ def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
         temp_dirs.append(worker["temp_dir"])
         t_cluster = time.monotonic() - t0
 
-        cfg = write_report_config(tmp_path / "qwen3b.yaml", tiny_model)
+        # the report's config with model.temperature 0: Trinity's proxy samples at the config's
+        # temperature, and the weight-sync check below compares greedy answers
+        cfg = report_config.write(tmp_path / "qwen3b.yaml", tiny_model, max_model_len=2048, temperature=0.0,
+                                  checkpoint_root_dir=tmp_path / "ckpt")  # fmt: skip
         out = cli(head_ns, "doctor", "--ray-address", head["address"], "--ray-token-path", head["token_path"], "-c", str(cfg),
                   "--skip", "config", "--json", extra={"CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
         found = {f["check"]: f for f in json.loads(out.stdout)["findings"]}
@@ -94,10 +99,17 @@ def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
         t_ready = time.monotonic() - t1
         assert titled(net, worker_ns, b"VLLM::") and not titled(net, head_ns, b"VLLM::")
         # Trinity's Explorer (the proxy) on the head: serve pins it there (trinity-explorer-node.patch)
-        # and the Explorer logs the node it serves from
+        # and Trinity's explorer_server_url.txt names the head's address
         assert f"RFTSTACK_EXPLORER_NODE={head_ip}" in (tmp_path / "run" / "logs" / "serve.log").read_text()
-        assert f"Starting Trinity Service on http://{head_ip}:" in (tmp_path / "run" / "logs" / "trinity.log").read_text()
         port = run.status()["proxy_port"]
+        import yaml
+
+        from rftstack.run import serve_config
+
+        job = Path(serve_config.job_dir(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())))
+        # Trinity's state manager records where its service listens (the Explorer logs the same
+        # line to its own file under the job dir, not to serve's trinity.log)
+        assert (job / "explorer_server_url.txt").read_text().strip() == f"http://{head_ip}:{port}"
 
         def ask(path: str, body: dict | None = None) -> dict:
             """GET (or POST ``body`` to) the serve's proxy from inside the head's namespace."""
@@ -125,11 +137,6 @@ def test_head_without_gpu_worker_with_gpu_serve(tmp_path, tiny_model):
         assert ask("/metrics").get("rollout/model_0/model_version") == 0
         # weight sync across the nodes: a checkpoint written as the trainer writes it (on the shared
         # file system both namespaces see), loaded by the engine on the worker without a restart
-        import yaml
-
-        from rftstack.run import serve_config
-
-        job = Path(serve_config.job_dir(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())))
         write_trainer_checkpoint(tiny_model, job)
         t_sync, version = time.monotonic(), None
         while time.monotonic() - t_sync < 180 and version != 1:

@@ -171,6 +171,8 @@ def test_switch_off_rebuilds_the_response_as_upstream(monkeypatch, tmp_path, ups
         data = json.loads(raw)
         assert raw != upstream.sent[data["id"]] and data == json.loads(upstream.sent[data["id"]])  # same JSON, re-encoded
         assert recorded(px, data["id"])
+        # upstream's path also samples at the config's temperature, not the request's 0.3 (docs/serve.md, Clients)
+        assert [b["temperature"] for b in upstream.bodies if b["messages"][0]["content"] == "case off"] == [0.0]
         status, raw = chat(px, "fail")
         assert (status, json.loads(raw)) == (500, {"error": {"message": "planned failure"}})
     finally:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from rftstack import dotted
 from rftstack import findings as F
 from rftstack.errors import UserError
 from rftstack.findings import FAIL, Finding
@@ -166,7 +167,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         run("rl-loop", lambda: rlloop.check(
             number("explorer.rollout_model.engine_num", rlloop.DEFAULT_ENGINE_NUM, values.is_int),
             number("explorer.min_running_model_num", rlloop.DEFAULT_MIN_RUNNING, values.is_int),
-            config_check.is_set(raw, "explorer.min_running_model_num"),
+            dotted.is_set(raw, "explorer.min_running_model_num"),
             rlloop.sync_gate((trinity_root / rlloop.SERVICE).read_text()) if trinity_root and (trinity_root / rlloop.SERVICE).is_file() else None,
             get(raw, "mode", "serve")))
 
@@ -189,7 +190,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
         str(config_check.get(raw or {}, "explorer.listen_address", network.DEFAULT_LISTEN)),
         netstat.listeners(),
         ray_address if ray_ok[0] else None,
-        listen_is_default=not config_check.is_set(raw or {}, "explorer.listen_address")))
+        listen_is_default=not dotted.is_set(raw or {}, "explorer.listen_address")))
     run("ray", lambda: ray_cluster.check(ray_address, ray_source, ray_ok[0], ray_ok[1]))
     if cluster_address is not None:
         from rftstack.doctor import cluster_net

@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from rftstack.dotted import get
+from rftstack.dotted import put as _set
 from rftstack.errors import UserError
 
 LOOPBACK = "127.0.0.1"
@@ -45,25 +47,6 @@ class Change:
 
 class ConfigError(UserError):
     pass
-
-
-def get(cfg: dict, key: str, default=None):
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _set(cfg: dict, key: str, value) -> None:
-    parts = key.split(".")
-    node = cfg
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
 
 
 def is_loopback(host: str) -> bool:

@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from rftstack.dotted import get
 from rftstack.findings import FAIL, INFO, OK, WARN, Finding
 
 PROBE = Path(__file__).with_name("_trinity_probe.py")
 PROBE_MARK = "RFTSTACK-PROBE "
-_MISSING = object()
 
 
 class ConfigFileError(Exception):
@@ -52,20 +52,6 @@ def load_yaml(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise ConfigFileError(f"Config file {p} holds a {type(data).__name__}, not a mapping of Trinity settings.", "Check that -c names your Trinity YAML.")
     return data
-
-
-def get(cfg: dict, dotted: str, default=None):
-    """``cfg['a']['b']`` for "a.b", or ``default`` when any level is missing or null."""
-    cur = cfg
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or cur.get(part) is None:
-            return default
-        cur = cur[part]
-    return cur
-
-
-def is_set(cfg: dict, dotted: str) -> bool:
-    return get(cfg, dotted, _MISSING) is not _MISSING
 
 
 def model_path(cfg: dict, config_path: str | os.PathLike | None = None) -> str | None:

@@ -15,9 +15,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
+from rftstack.dotted import UNSET as _UNSET
+from rftstack.dotted import lookup
 from rftstack.findings import FAIL, OK, Finding
 
-_UNSET = object()
 
 # vLLM 0.23.0 vllm/config/model.py: ModelDType
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -132,16 +133,6 @@ RULES: tuple[Rule, ...] = (
     Rule("synchronizer.sync_timeout", _pos_int, "a positive number of seconds (the proxy also waits this long for an answer)", "3600", _T),
     Rule("synchronizer.wait_for_checkpoint", is_bool, "true or false", "false", _T),
 )
-
-
-def lookup(cfg: dict, dotted: str):
-    """The value at ``dotted``; ``_UNSET`` when a level is missing; None when it is null."""
-    cur: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return _UNSET
-        cur = cur[part]
-    return cur
 
 
 def _fail(key: str, message: str, fix: str, value=None) -> Finding:
