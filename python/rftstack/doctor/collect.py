@@ -147,7 +147,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
             if raw is not None and not value_failed:
                 mpath = config_check.model_path(raw)
                 gpus = max(1, len(info.gpus))
-                fixed = bool(config_check.get(raw, "cluster.node_num") and config_check.get(raw, "cluster.gpu_per_node"))
+                fixed = bool(dotted.get(raw, "cluster.node_num") and dotted.get(raw, "cluster.gpu_per_node"))
                 early = trinity_probe if trinity_probe is not None and trinity_probe.matches(config_path, gpus, fixed) else None
                 if early is None:
                     say("checking the config with Trinity's own code (a subprocess that imports torch/ray/verl, about 15 s)...")
