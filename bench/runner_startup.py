@@ -9,12 +9,13 @@ Trinity needs a GPU, so both sides run the TEST DOUBLE `tests/doubles/fake_trini
 answers /health and /v1/models at once). What is left is the runner's own time:
 
   runner       `rftstack serve -c CONFIG --port P` (own loopback Ray head, the full preflight: the
-               doctor's machine checks, then Trinity's real config check while the head starts);
+               doctor's machine checks, then the config checks; the head and Trinity's real config
+               check subprocess start at once, beside the machine checks);
                without an NVIDIA driver the doctor's GPU reader is the TEST DOUBLE
                `tests/doubles/h200_driver.py` (an H200 host), so the preflight passes and is timed
   manual       the report's steps by hand, as `bench/serve_vs_bare.py`'s manual phase runs them:
                `ray start --head` (loopback, no dashboard) then `trinity run` (the double)
-  manual-dash  the same with Ray's dashboard, which `rftstack serve`'s head has
+  manual-dash  the same with Ray's dashboard (as `rftstack serve --dashboard`'s head has it)
   runner-baseline  `runner` from another source tree (--baseline-src: e.g. an earlier commit's
                `git archive COMMIT python | tar -x -C DIR`), for a before/after in the same run
 

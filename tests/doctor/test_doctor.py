@@ -83,21 +83,16 @@ def probes(tiny, tmp_path_factory):
     nocluster["cluster"] = {"node_num": 0}
     paths = {"with": write_config(d, tiny, 2048, name="with.yaml"), "nocluster": d / "nocluster.yaml"}
     paths["nocluster"].write_text(yaml.safe_dump(nocluster, sort_keys=False))
-    procs = {k: subprocess.Popen([sys.executable, "-P", str(config_check.PROBE), str(p), "1"], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, cwd=d) for k, p in paths.items()}
+    procs = {k: config_check.Probe(str(p), 1, cwd=d) for k, p in paths.items()}  # started now, read below
     out = {}
     try:
-        for k, proc in procs.items():
-            text, _ = proc.communicate(timeout=300)
-            [line] = [l for l in text.splitlines() if l.startswith(config_check.PROBE_MARK)]
-            res = json.loads(line[len(config_check.PROBE_MARK):])
-            res["log"] = text.splitlines()
+        for k, probe in procs.items():
+            res = probe.result()
+            assert "error_type" not in res or res["error_type"] not in ("Timeout", "ProbeCrash"), res
             out[k] = (paths[k], res)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for probe in procs.values():
+            probe.cancel()
     return d, out
 
 

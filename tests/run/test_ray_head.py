@@ -1,8 +1,10 @@
 """ray_head: pure decisions, and a real head: loopback-only sockets, token required, clean stop."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -137,3 +139,38 @@ def test_head_without_the_driver_wait_answers_a_driver_at_once(tmp_path):
         assert said[-1].startswith(f"Ray head answered a driver at {head.address}")
     finally:
         ray_head.stop(head, timeout=2, remove_temp=True)
+
+
+def test_head_argv_without_dashboard():
+    """serve's own head (dashboard=False) asks Ray for no dashboard and names no dashboard address."""
+    ports = dict(zip(ray_head.PORT_NAMES, range(20000, 20000 + len(ray_head.PORT_NAMES))))
+    argv = ray_head.head_argv("ray", ports, "/tmp/x", 1, None, dashboard=False)
+    assert "--include-dashboard=false" in argv
+    assert not [a for a in argv if a.startswith(("--dashboard-host", "--dashboard-port"))]
+    assert "--include-dashboard=false" not in ray_head.head_argv("ray", ports, "/tmp/x", 1, None)
+
+
+def test_cancel_stops_ray_start_and_removes_its_temp_dir(tmp_path):
+    """A start whose caller gives up (serve's preflight failed while `ray start` ran) is not waited
+    for: `ray start` and what it started are stopped, the temp dir removed, no retry."""
+    import threading
+
+    cancel = threading.Event()
+    said: list[str] = []
+
+    def give_up_once_started():
+        while not [m for m in said if m.startswith("starting Ray head")]:
+            time.sleep(0.01)
+        time.sleep(0.3)  # `ray start` is running (it takes seconds)
+        cancel.set()
+
+    threading.Thread(target=give_up_once_started, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(ray_head.Cancelled) as cancelled:
+        ray_head.start(state_dir=tmp_path / "head", num_gpus=0, num_cpus=1, driver_check=False, dashboard=False,
+                       progress=said.append, cancel=cancel)  # fmt: skip
+    node = cancelled.value.node
+    assert time.monotonic() - t0 < 15
+    assert not [m for m in said if "retrying" in m or "processes up" in m], said
+    assert not os.path.exists(node.temp_dir)
+    assert supervisor.tagged(node.tag) == []

@@ -4,10 +4,13 @@ which needs a GPU) with real Ray heads: readiness, crash propagation, signals, t
 import importlib.util
 import json
 import os
+import re
 import shutil
 import time
 import signal
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -177,13 +180,19 @@ def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, serve_runner):
     run = serve_runner(["--skip-doctor", "--ray-address", "127.0.0.1:1", "--ray-token-path", "/nonexistent", "-c", str(tmp_path / "bad.yaml")])
     assert run.finish(timeout=60) == 2
     assert "mode: serve" in run.stderr and "Traceback" not in run.stderr
+    run = serve_runner(["--skip-doctor", "--dashboard", "--ray-address", "127.0.0.1:1", "--ray-token-path", "/nonexistent", "-c", write_config(tmp_path)])
+    assert run.finish(timeout=60) == 2
+    assert "--dashboard starts Ray's dashboard with this serve's own Ray head; leave out --ray-address" in run.stderr
+    assert "Traceback" not in run.stderr and run.status()["phase"] == "failed"
 
 
-def test_preflight_failure_stops_before_anything_starts(tmp_path, tiny_model, serve_runner):
+def test_preflight_failure_stops_the_head_and_starts_nothing_else(tmp_path, tiny_model, serve_runner):
     """Without --skip-doctor the real doctor runs; on this CPU-only machine it finds no NVIDIA
-    driver (a FAIL) among the machine checks, so serve stops there: no Ray head, no Trinity config
-    subprocess (the slow step), no trinity, nothing left, in a few seconds (it was 19 s with the
-    config checks and the head start waited for)."""
+    driver (a FAIL) among the machine checks, so serve stops there with the doctor's sentence and
+    exit 1, no trinity: the own Ray head and Trinity's config subprocess (the slow step), which
+    start beside the machine checks, are stopped at once (the head's temp dir removed, the
+    subprocess unread); nothing is left, in a few seconds (it was 19 s with the config checks and
+    the head start waited for)."""
     if importlib.util.find_spec("rftstack.doctor.collect") is None:
         run = serve_runner(["-c", write_config(tmp_path)])
         assert run.finish(timeout=60) == 2
@@ -196,8 +205,18 @@ def test_preflight_failure_stops_before_anything_starts(tmp_path, tiny_model, se
     assert run.finish(timeout=300) == 1
     took = time.monotonic() - t0
     assert "preflight failed" in run.stderr and "gpu.driver" in run.stderr
+    assert "Trinity's own config check started" in run.stderr
     assert "checking the config with Trinity" not in run.stderr and "config.trinity" not in run.stderr
-    assert "starting Ray head" not in run.stderr and "Ray head stopped" not in run.stderr
+    # the head started beside the machine checks (before their findings were printed), then was
+    # stopped: during its `ray start` (not waited for) or, on a quick machine, after it
+    lines = run.stderr.splitlines()
+    started = next(i for i, line in enumerate(lines) if "starting Ray head" in line)
+    assert started < next(i for i, line in enumerate(lines) if "gpu.driver" in line), run.stderr
+    assert "no dashboard" in lines[started]
+    assert "Ray head start stopped before it returned" in run.stderr or "Ray head stopped" in run.stderr, run.stderr
+    temp_dir = re.search(r"temp dir (/\S+)\)", lines[started]).group(1)
+    assert not os.path.exists(temp_dir), temp_dir
+    assert run.status()["ray"]["tag"] in run.tags()
     assert (run.run_dir / "config.preflight.yaml").exists()
     assert not (run.run_dir / "ray").exists() and not (run.run_dir / "logs" / "trinity.log").exists()
     assert run.status()["phase"] == "failed"
@@ -205,12 +224,26 @@ def test_preflight_failure_stops_before_anything_starts(tmp_path, tiny_model, se
     assert_nothing_left(run)
 
 
+def dashboard_processes(ray_tag: str) -> list[str]:
+    """The command lines of the head's dashboard process (Ray 2.60 starts one in every case)."""
+    return [p.cmdline for p in supervisor.tagged(ray_tag) if "/dashboard/dashboard.py" in p.cmdline]
+
+
 def test_own_head_is_loopback_only_and_ray_death_stops_trinity(tmp_path, serve_runner):
+    """Also: serve's own head runs no Ray dashboard by default, and says so (status.json, the
+    ready event, the progress line). Upstream behaviour of Ray 2.60: with `--include-dashboard=false`
+    it still starts its dashboard process, without the web frontend and with only the usage-stats
+    module; its HTTP port is not opened."""
     run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)], fake="check_ray,grandchildren")
     ready = run.wait_event("ready", timeout=400)
     assert ready, (run.finish(), run.stderr)
     st = run.status()
     serve_tag, ray_tag = st["tag"], st["ray"]["tag"]
+    assert ready["dashboard"] is None and st["ray"]["dashboard"] is None
+    [minimal] = dashboard_processes(ray_tag)
+    assert "--disable-frontend" in minimal and "--modules-to-load=UsageStatsHead " in minimal + " "
+    assert st["ray"]["ports"]["dashboard"] not in {l.port for l in netstat.listeners()}
+    assert "no Ray dashboard (--dashboard starts one)" in run.stderr_text()
     # every listening socket of the whole serve (Ray head, its workers, trinity and children)
     by_inode = {l.inode: l for l in netstat.listeners()}
     socks = [(p.pid, p.cmdline[:50], by_inode[i]) for tag in (serve_tag, ray_tag) for p in supervisor.tagged(tag)
@@ -247,9 +280,21 @@ def test_expose_opens_the_proxy_alone_beyond_loopback(tmp_path, serve_runner):
     assert run.finish() == 0, run.stderr
 
 
-def test_own_head_sigterm(tmp_path, serve_runner):
-    run = serve_runner(["--skip-doctor", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)])
-    assert run.wait_event("ready", timeout=400), (run.finish(), run.stderr)
+def test_own_head_sigterm_and_dashboard_flag(tmp_path, serve_runner):
+    """With --dashboard the own head runs Ray's dashboard on loopback, its URL in the ready event and
+    status.json, its HTTP API refusing a request without the head's token."""
+    run = serve_runner(["--skip-doctor", "--dashboard", "--port", "0", "--num-gpus", "0", "-c", write_config(tmp_path)])
+    ready = run.wait_event("ready", timeout=400)
+    assert ready, (run.finish(), run.stderr)
+    st = run.status()
+    port = st["ray"]["ports"]["dashboard"]
+    assert ready["dashboard"] == st["ray"]["dashboard"] == f"http://127.0.0.1:{port}"
+    [full] = dashboard_processes(st["ray"]["tag"])
+    assert "--disable-frontend" not in full and "--modules-to-load" not in full
+    assert {(l.address, l.port) for l in netstat.listeners() if l.port == port} == {("127.0.0.1", port)}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(ready["dashboard"] + "/api/version", timeout=10)
+    assert refused.value.code == 401
     tags = run.tags()
     run.proc.send_signal(signal.SIGTERM)
     assert run.finish() == 0, run.stderr
@@ -263,7 +308,7 @@ OVERLAP_RECORDER = """
     sys.path.insert(0, sys.argv.pop(1))  # tests/doubles
     import h200_driver
     from rftstack import cli
-    from rftstack.doctor.checks import gpu
+    from rftstack.doctor.checks import config, gpu
     from rftstack.run import ray_head, rundir, serve, supervisor
     gpu.read = h200_driver.read  # TEST DOUBLE: the doctor sees an H200 host's driver (this machine has none)
     events, lock = [], threading.Lock()
@@ -292,11 +337,11 @@ OVERLAP_RECORDER = """
     def spawn_rec(*a, **k):
         note("trinity spawned"); flags["trinity spawned"].set()
         return spawn(*a, **k)
-    def preflight_rec(self, config_path):
+    def preflight_rec(self, config_path, probe=None):
         if config_path is None:
-            preflight(self, config_path); note("machine checks end"); return
-        waits_for("ray start", "config checks", lambda: preflight(self, config_path))()
-        note("config checks end")
+            waits_for("ray start", "machine checks", lambda: preflight(self, config_path))()
+            note("machine checks end"); return
+        preflight(self, config_path, probe); note("config checks end")
     def update_rec(self, **fields):
         phase["now"] = fields.get("phase", phase["now"])
         if fields.get("phase") == "ready":
@@ -307,6 +352,12 @@ OVERLAP_RECORDER = """
         if phase["now"] == "loading" and threading.current_thread() is threading.main_thread():
             loading_sleeps.append(s)
         return sleep(s)
+    probe_init, run_probe = config.Probe.__init__, config.run_probe
+    def probe_init_rec(self, *a, **k):
+        note("config probe starts"); return probe_init(self, *a, **k)
+    def run_probe_rec(*a, **k):
+        note("config probe runs again"); return run_probe(*a, **k)
+    config.Probe.__init__, config.run_probe = probe_init_rec, run_probe_rec
     ray_head.launch, supervisor.spawn, serve.Serve._preflight, rundir.Status.update = launch_rec, spawn_rec, preflight_rec, update_rec
     serve.time.sleep = sleep_rec
     ray_head.probe = waits_for("trinity spawned", "driver check", ray_head.probe)
@@ -316,12 +367,13 @@ OVERLAP_RECORDER = """
 
 
 def test_preflight_head_and_driver_check_overlap_by_event_order(tmp_path, tiny_model):
-    """The runner's own start-up, by the order of its steps (not by timing): the machine checks come
-    first and alone; the own Ray head's `ray start` runs while the config checks (Trinity's own
-    validation, seconds) run; trinity is started without waiting for the head's driver check, which
-    runs beside it; the loading phase asks the proxy every READY_POLL_S. Each step waits up to 60 s
-    for the one it must overlap, so a runner that does them one after another fails here. The
-    doctor's GPU reader is the TEST DOUBLE tests/doubles/h200_driver.py (no driver here)."""
+    """The runner's own start-up, by the order of its steps (not by timing): the own Ray head's
+    `ray start` and Trinity's own config check (a subprocess, seconds) begin at once, beside the
+    machine checks, and the config checks read that subprocess's answer (none runs again); trinity
+    is started without waiting for the head's driver check, which runs beside it; the loading phase
+    asks the proxy every READY_POLL_S. Each step waits up to 60 s for the one it must overlap, so a
+    runner that does them one after another fails here. The doctor's GPU reader is the TEST DOUBLE
+    tests/doubles/h200_driver.py (no driver here)."""
     env = rftstack_env(RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}", FAKE_TRINITY="check_ray",
                        XDG_CACHE_HOME=str(tmp_path / "cache"))  # fmt: skip
     cfg = write_config(tmp_path, model=tiny_model, max_model_len=2048)
@@ -332,8 +384,9 @@ def test_preflight_head_and_driver_check_overlap_by_event_order(tmp_path, tiny_m
     ev = out["events"]
     assert out["rc"] == 0, r.stdout[-3000:]
     assert not [e for e in ev if "in vain" in e], ev
-    assert ev.index("machine checks end") < ev.index("ray start") < ev.index("config checks end") < ev.index("trinity spawned")
-    assert "config checks saw ray start" in ev and "driver check saw trinity spawned" in ev
+    assert ev.index("ray start") < ev.index("machine checks end") < ev.index("config checks end") < ev.index("trinity spawned")
+    assert ev.index("config probe starts") < ev.index("machine checks begins") and "config probe runs again" not in ev
+    assert "machine checks saw ray start" in ev and "driver check saw trinity spawned" in ev
     assert out["loading_sleeps"] and max(out["loading_sleeps"]) <= serve.READY_POLL_S <= 0.1
     assert "Ray head answered a driver at 127.0.0.1:" in r.stdout
 

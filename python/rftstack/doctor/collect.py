@@ -15,13 +15,17 @@ import argparse
 import importlib.metadata as md
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from rftstack import dotted
 from rftstack import findings as F
 from rftstack.errors import UserError
 from rftstack.findings import FAIL, Finding
+
+if TYPE_CHECKING:
+    from rftstack.doctor.checks import config as config_probe
 
 # Check groups, in the order they run; --skip takes these names.
 CHECKS: dict[str, str] = {
@@ -69,7 +73,7 @@ class _Run:
 def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, skip: Iterable[str] = (),
             progress: Callable[[str], None] | None = None, python: str | None = None,
             stop_at_machine_failure: bool = False, ray_address: str | None = None,
-            ray_token_path: str | None = None) -> list[Finding]:
+            ray_token_path: str | None = None, trinity_probe: "config_probe.Probe | None" = None) -> list[Finding]:
     """Every finding about this machine and, with ``config_path``, that config.
 
     ``stop_at_machine_failure``: return right after the machine groups (MACHINE) when one of them
@@ -80,6 +84,9 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     /proc, nvidia-smi). Tests pass a named test double here, the one thing not on a CPU machine.
     ``python``: the interpreter for Trinity's config subprocess (default: this one).
     ``ray_address``: a Ray cluster (with its token file) whose nodes are checked too (checks.cluster).
+    ``trinity_probe``: Trinity's config subprocess started earlier by the caller (serve, beside its
+    other steps); its result is used when it checked ``config_path`` as this run would, else a new
+    one runs. The caller stops it when it is not used.
     """
     from rftstack.doctor import netstat
     from rftstack.stack import policy as policy_mod
@@ -138,10 +145,16 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                 if value_failed:
                     run.out.append(Finding("config.trinity", F.INFO, "Trinity's own config check did not run: fix the values above first.", ""))
             if raw is not None and not value_failed:
-                say("checking the config with Trinity's own code (a subprocess that imports torch/ray/verl, about 15 s)...")
                 mpath = config_check.model_path(raw)
+                gpus = max(1, len(info.gpus))
+                fixed = bool(dotted.get(raw, "cluster.node_num") and dotted.get(raw, "cluster.gpu_per_node"))
+                early = trinity_probe if trinity_probe is not None and trinity_probe.matches(config_path, gpus, fixed) else None
+                if early is None:
+                    say("checking the config with Trinity's own code (a subprocess that imports torch/ray/verl, about 15 s)...")
+                else:
+                    say(f"checking the config with Trinity's own code (its subprocess started {time.monotonic() - early.t0:.1f} s ago)...")
                 run("config", lambda: config_check.check_trinity(
-                    config_check.run_probe(config_path, max(1, len(info.gpus)), python=python),
+                    early.result() if early is not None else config_check.run_probe(config_path, gpus, python=python),
                     raw, config_check.read_model_config(mpath), config_path))
     if raw is not None:
         get = config_check.get

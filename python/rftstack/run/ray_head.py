@@ -123,14 +123,15 @@ def node_argv(ports: dict[str, int], temp_dir: str, num_gpus: int, num_cpus: int
 
 
 def head_argv(ray_bin: str, ports: dict[str, int], temp_dir: str, num_gpus: int, num_cpus: int | None,
-              node_ip: str = LOOPBACK) -> list[str]:  # fmt: skip
-    """The dashboard stays on loopback in every case: only this machine needs it."""
+              node_ip: str = LOOPBACK, dashboard: bool = True) -> list[str]:  # fmt: skip
+    """The dashboard, when there is one, stays on loopback in every case: only this machine needs it.
+    ``dashboard=False``: `--include-dashboard=false` (no dashboard process; Ray's agents still run)."""
+    web = [f"--dashboard-host={LOOPBACK}", f"--dashboard-port={ports['dashboard']}"] if dashboard else ["--include-dashboard=false"]
     return [
         ray_bin, "start", "--head",
         f"--node-ip-address={node_ip}",
         f"--port={ports['gcs']}",
-        f"--dashboard-host={LOOPBACK}",
-        f"--dashboard-port={ports['dashboard']}",
+        *web,
         f"--ray-client-server-port={ports['client_server']}",
         *node_argv(ports, temp_dir, num_gpus, num_cpus),
     ]  # fmt: skip
@@ -267,18 +268,39 @@ def start(*, attempts: int = 2, **kwargs) -> Head:
     return with_retry(lambda: _start_once(ray_bin=ray_bin, **kwargs), attempts=attempts, progress=kwargs.get("progress", lambda m: None))
 
 
-def launch(node: Head, argv: list[str], env: dict, log_path: Path, progress, then: str = "waiting until the cluster answers a driver") -> None:
+class Cancelled(UserError):
+    """`ray start` was stopped before it returned, because its caller gave up on the node (``cancel``
+    set); the node's processes are stopped and its temp dir removed. ``node``: the node it was."""
+
+    def __init__(self, node: Head):
+        super().__init__(f"the start of the Ray {node.role} at {node.address} was cancelled", 1)
+        self.node = node
+        self.final = True  # never retried
+
+
+def launch(node: Head, argv: list[str], env: dict, log_path: Path, progress, then: str = "waiting until the cluster answers a driver",
+           cancel: threading.Event | None = None) -> None:  # fmt: skip
     """Run `ray start` for ``node``; on failure stop what it left and raise a UserError with the log's tail.
-    ``then``: what happens next, for the progress line."""
+    ``then``: what happens next, for the progress line. ``cancel``: once set, `ray start` and what it
+    started are stopped (every process carries the node's tag) and ``Cancelled`` is raised."""
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         log.write(" ".join(argv) + "\n")
         log.flush()
-        try:
-            rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                timeout=180, start_new_session=True).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
-            rc = None
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        rc: int | None = None
+        while rc is None and time.monotonic() - t0 < 180:
+            if cancel is not None and cancel.is_set():
+                stop(node, timeout=0, remove_temp=True)  # `ray start` itself carries the tag too
+                proc.wait()
+                raise Cancelled(node)
+            try:
+                rc = proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        if rc is None:
+            proc.kill()
+            proc.wait()
     if rc != 0:
         stop(node)
         text = Path(log_path).read_text()
@@ -305,12 +327,15 @@ def _start_once(
     node_ip: str = LOOPBACK,
     tls: dict | None = None,
     driver_check: bool = True,
+    dashboard: bool = True,
+    cancel: threading.Event | None = None,
 ) -> Head:
     """Start a head on ``node_ip`` (loopback by default); its token, state and `ray start` log live in ``state_dir``.
 
     `ray start` returns once the head's node is registered with its GCS (Ray's node.py waits for
     that, over the token-checked GCS client). ``driver_check``: then also wait until a real driver
-    connects (``probe``); False leaves that to the caller (``DriverCheck``), off its critical path."""
+    connects (``probe``); False leaves that to the caller (``DriverCheck``), off its critical path.
+    ``dashboard=False``: no dashboard (``Head.dashboard_url`` is then empty). ``cancel``: see ``launch``."""
     state_dir.mkdir(parents=True, exist_ok=True)
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), node_ip)))
     # Ray's unix sockets live under --temp-dir and must stay under ~107 bytes: keep it short.
@@ -319,15 +344,16 @@ def _start_once(
     write_token(token_path)
     tag = f"ray-head-{uuid.uuid4().hex[:12]}"
     gpus = detect_gpus() if num_gpus is None else num_gpus
-    argv = head_argv(ray_bin, ports, temp_dir, gpus, num_cpus, node_ip)
+    argv = head_argv(ray_bin, ports, temp_dir, gpus, num_cpus, node_ip, dashboard)
     log_path = log_path or state_dir / "ray-start.log"
     head = Head(f"{node_ip}:{ports['gcs']}", ports, temp_dir, str(token_path), tag, gpus, time.time(),
-                f"http://{LOOPBACK}:{ports['dashboard']}", node_ip=node_ip, tls=dict(tls or {}))  # fmt: skip
+                f"http://{LOOPBACK}:{ports['dashboard']}" if dashboard else "", node_ip=node_ip, tls=dict(tls or {}))  # fmt: skip
     full_env = driver_env(head, env)
-    progress(f"starting Ray head on {head.address} ({gpus} GPU(s), temp dir {temp_dir})")
+    progress(f"starting Ray head on {head.address} ({gpus} GPU(s), {'dashboard ' + head.dashboard_url if dashboard else 'no dashboard'}, temp dir {temp_dir})")
     t0 = time.monotonic()
     launch(head, argv, full_env, log_path, progress,
-           then="waiting until the cluster answers a driver" if driver_check else "a driver's connection is tried in the background")  # fmt: skip
+           then="waiting until the cluster answers a driver" if driver_check else "a driver's connection is tried in the background",
+           cancel=cancel)  # fmt: skip
     if driver_check:
         try:
             head.resources = probe(head.address, full_env)

@@ -137,18 +137,24 @@ class HeadStarter:
     """Start this serve's own Ray head in a thread (``with`` block), overlapping the preflight.
 
     On leaving the block the thread is joined and the head, if it came up, is handed to the serve
-    at once, so that a failing preflight (or a signal) still has it stopped by the teardown.
+    at once, so that a failing preflight (or a signal) still has it stopped by the teardown. When the
+    block raised, a `ray start` still running is not waited for: it and what it started are stopped
+    and its temp dir removed (``ray_head.Cancelled``).
 
     ``driver_check=False``: the block waits for `ray start` only (it returns once the node is
     registered with the GCS, which accepted the token); a real driver's connection is then tried in
     the background (``self.check``, a ``ray_head.DriverCheck``) while the serve goes on.
+    ``dashboard``: start Ray's dashboard with the head (on loopback).
     """
 
-    def __init__(self, serve: "Serve", num_gpus: int | None, extra_env: dict[str, str] | None = None, driver_check: bool = True):
+    def __init__(self, serve: "Serve", num_gpus: int | None, extra_env: dict[str, str] | None = None, driver_check: bool = True,
+                 dashboard: bool = True):  # fmt: skip
         self.serve = serve
         self.num_gpus = num_gpus
         self.extra_env = extra_env or {}
         self.driver_check = driver_check
+        self.dashboard = dashboard
+        self.cancel = threading.Event()
         self.head: ray_head.Head | None = None
         self.check: ray_head.DriverCheck | None = None
         self.error: BaseException | None = None
@@ -161,7 +167,7 @@ class HeadStarter:
             env = {**os.environ, **self.extra_env} if self.extra_env else None
             self.head = ray_head.start(state_dir=run.root / "ray-head", num_gpus=self.num_gpus, env=env,
                                        log_path=run.log("ray-start.log"), progress=self.serve.say,
-                                       driver_check=self.driver_check)  # fmt: skip
+                                       driver_check=self.driver_check, dashboard=self.dashboard, cancel=self.cancel)  # fmt: skip
             if not self.driver_check:
                 self.check = ray_head.DriverCheck(self.head, env, progress=self.serve.say)
         except BaseException as exc:  # re-raised in the main thread by result()
@@ -172,12 +178,19 @@ class HeadStarter:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self.cancel.set()
         self.thread.join()
         self.serve.head = self.head  # the teardown stops it whatever happened in the block
         if self.head is not None and self.serve.status is not None:
             self.serve.status.update(ray={"address": self.head.address, "tag": self.head.tag})
+        if isinstance(self.error, ray_head.Cancelled):
+            node = self.error.node
+            self.serve.say(f"Ray head start stopped before it returned, its temp dir {node.temp_dir} removed")
+            if self.serve.status is not None:
+                self.serve.status.update(ray={"address": node.address, "tag": node.tag, "cancelled": True})
         if exc_type is not None:
-            self.serve.quick_head_stop = True  # a head nobody used: no grace period
+            self.serve.unused_head = True  # a head nobody used: no grace period, its temp dir removed
 
     def result(self) -> ray_head.Head:
         if self.error is not None:
@@ -232,7 +245,7 @@ class Serve:
         self.trinity = None
         self.pump = None
         self.engines: dict[int, str] = {}  # vLLM engine processes seen at ready (pid -> title)
-        self.quick_head_stop = False
+        self.unused_head = False
         self.trinity_log: rundir.RotatingLog | None = None
         self.serve_log = None
         self.tag = f"serve-{uuid.uuid4().hex[:12]}"
@@ -343,6 +356,8 @@ class Serve:
         plan.proxy_env = apikey.proxy_env(plan.key_file, args.tls_cert, args.tls_key)
         if plan.proxy_env and args.ray_address:
             raise UserError("--tls-cert needs this serve's own Ray head (the proxy reads it from the head's environment); leave out --ray-address")
+        if args.dashboard and args.ray_address:
+            raise UserError("--dashboard starts Ray's dashboard with this serve's own Ray head; leave out --ray-address (the joined head has its own) or --dashboard")
         rundir.write_atomic(self.run.root / "config.preflight.yaml", yaml.safe_dump(plan.preflight_cfg, sort_keys=False))
         if args.ray_address:
             plan.token_path = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
@@ -357,18 +372,42 @@ class Serve:
     # -- phase preflight (with an own Ray head starting meanwhile)
     def _preflight_and_head(self, plan: Plan) -> None:
         preflight = str(self.run.root / "config.preflight.yaml")
-        if self.args.ray_address:
-            self._preflight(None)
-            self._preflight(preflight)
-        else:
-            # the machine first (a second or two; nothing is started for a machine that cannot
-            # serve), then an own head starts while the config checks run (both take seconds;
-            # neither needs the other): the teardown stops the head if they fail
-            self._preflight(None)
-            with HeadStarter(self, self.args.num_gpus, plan.proxy_env, driver_check=False) as starter:
-                self._preflight(preflight)
-            self.head, self.driver_check = starter.result(), starter.check
+        # Trinity's own config check (a subprocess, the preflight's slow step) starts at once, beside
+        # the machine checks; it is read by the config checks, or stopped unread after a FAIL
+        probe = self._early_probe(plan, preflight)
+        try:
+            if self.args.ray_address:
+                self._preflight(None)
+                self._preflight(preflight, probe)
+            else:
+                # an own head starts at once too (`ray start` takes seconds; nothing of the
+                # preflight needs it, nor it the preflight): after a FAIL it is stopped at once,
+                # its temp dir removed
+                with HeadStarter(self, self.args.num_gpus, plan.proxy_env, driver_check=False, dashboard=self.args.dashboard) as starter:
+                    self._preflight(None)
+                    self._preflight(preflight, probe)
+                self.head, self.driver_check = starter.result(), starter.check
+        finally:
+            if probe is not None:
+                probe.cancel()
         guard_checkpoints(serve_config.job_dir(plan.preflight_cfg))
+
+    def _early_probe(self, plan: Plan, preflight: str):
+        """Trinity's config subprocess for the preflight's config checks, started now; None when the
+        preflight is skipped or would ask it with a GPU count known only after the machine checks."""
+        if self.args.skip_doctor:
+            return None
+        cfg = plan.preflight_cfg
+        fixed = serve_config.get(cfg, "cluster.node_num") and serve_config.get(cfg, "cluster.gpu_per_node")
+        if not fixed and self.args.num_gpus is None:
+            return None
+        try:
+            from rftstack.doctor.checks import config as config_check
+        except ImportError:
+            return None  # _preflight names what is missing
+        self.say("  Trinity's own config check started (a subprocess, beside the machine checks)")
+        # the serve's tag: the teardown finds it like every other process of this serve
+        return config_check.Probe(preflight, max(1, self.args.num_gpus or 0), env={**os.environ, supervisor.TAG_VAR: self.tag})
 
     # -- phase ray
     def _ray(self, plan: Plan) -> tuple[dict, str]:
@@ -380,7 +419,9 @@ class Serve:
             return ray_env, self.args.ray_address
         (self.run.root / "ray").symlink_to(self.head.temp_dir)
         ray_env, ray_address = self.head.env(), self.head.address
-        self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": self.head.dashboard_url,
+        dashboard = self.head.dashboard_url or None
+        self.say(f"Ray dashboard {dashboard} (loopback, asks for the head's token)" if dashboard else "no Ray dashboard (--dashboard starts one)")
+        self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": dashboard,
                                "pids": [p.pid for p in self.head.processes()], "tag": self.head.tag})  # fmt: skip
         return ray_env, ray_address
 
@@ -469,8 +510,9 @@ class Serve:
         if serve_config.get(cfg, "explorer.min_running_model_num") == 0:
             self.say("  note: when a new checkpoint appears the engine reloads it; requests wait during a reload")
         self._watch_engines()
+        dashboard = self.head.dashboard_url or None if self.head is not None else None
         self.event("ready", endpoint=f"{base_url}/v1", model=model, run_dir=str(self.run.root), data=data,
-                   status=str(self.run.status))  # fmt: skip
+                   status=str(self.run.status), dashboard=dashboard)  # fmt: skip
 
     def _watch_engines(self) -> None:
         # Trinity's proxy answers /health with 200 whatever its engine does, and Trinity lives on when
@@ -539,8 +581,9 @@ class Serve:
         self.say(f"no -c given: serving the embedded default (tiny model {model}), config {self.run.user_config}")
         return cfg, str(self.run.user_config)
 
-    def _preflight(self, config_path: str | None) -> None:
-        """The doctor's machine groups (``config_path`` None), or everything else about the config."""
+    def _preflight(self, config_path: str | None, probe=None) -> None:
+        """The doctor's machine groups (``config_path`` None), or everything else about the config
+        (``probe``: Trinity's config subprocess, started earlier, for collect)."""
         self.phase("preflight")
         if self.args.skip_doctor:
             if config_path is None:
@@ -562,7 +605,8 @@ class Serve:
             skip = set(MACHINE)
         token = self.args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
         findings = collect(config_path, skip=skip, progress=lambda m: self.say(f"  {m}"),
-                           ray_address=self.args.ray_address, ray_token_path=token if self.args.ray_address else None)  # fmt: skip
+                           ray_address=self.args.ray_address, ray_token_path=token if self.args.ray_address else None,
+                           trinity_probe=probe)  # fmt: skip
         text = render(findings)
         if text:
             for line in text.splitlines():
@@ -630,7 +674,8 @@ class Serve:
                 self.pump.join(timeout=5)
         if self.head is not None:
             self.say("stopping the Ray head")
-            res = ray_head.stop(self.head, timeout=0 if fast or self.quick_head_stop else 10, hurry=lambda: len(self.signals) > 1)
+            res = ray_head.stop(self.head, timeout=0 if fast or self.unused_head else 10, hurry=lambda: len(self.signals) > 1,
+                                remove_temp=self.unused_head)  # fmt: skip
             if res.left:
                 clean = False
                 self.say(f"still alive after SIGKILL: {[(p.pid, p.cmdline[:60]) for p in res.left]}")
@@ -657,6 +702,8 @@ def configure(parser) -> None:
     parser.add_argument("--ray-address", help="join this Ray head instead of starting one (it is not stopped at exit)")
     parser.add_argument("--ray-token-path", help="the token file of the head given by --ray-address")
     parser.add_argument("--num-gpus", type=int, default=None, help="GPUs for the Ray head (default: detected)")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="start Ray's dashboard with this serve's own Ray head (loopback only, token auth); default: none, nothing of serve needs it")
     parser.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks (experts)")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the proxy (default 900)")
     parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds trinity gets to stop before SIGKILL (default 60)")

@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from rftstack.dotted import get
@@ -60,26 +63,69 @@ def model_path(cfg: dict, config_path: str | os.PathLike | None = None) -> str |
 # Trinity's own validation, in a subprocess
 # ---------------------------------------------------------------------------------------------
 
+class Probe:
+    """_trinity_probe.py running in its own process group, started now and read later
+    (``result``), or stopped unread (``cancel``): serve starts it beside its other preflight steps."""
+
+    def __init__(self, config_path: str, gpus_per_node: int = 1, python: str | None = None, timeout: float = 300, cwd=None,
+                 env: dict | None = None):  # fmt: skip
+        self.config_path, self.gpus_per_node, self.timeout = str(config_path), gpus_per_node, timeout
+        self.t0 = time.monotonic()
+        # -P: do not put the probe's own directory (rftstack/checks, which has modules named like
+        # the packages Trinity imports) in front of sys.path
+        cmd = [python or sys.executable, "-P", str(PROBE), self.config_path, str(gpus_per_node)]
+        self.out = tempfile.TemporaryFile(mode="w+")  # files, not pipes: nobody reads it while it runs
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL, text=True, cwd=cwd,
+                                     env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}, start_new_session=True)  # fmt: skip
+
+    def matches(self, config_path: str, gpus_per_node: int, cluster_fixed: bool) -> bool:
+        """Whether this probe answers for ``config_path`` checked with ``gpus_per_node`` GPUs (which
+        the probe uses only when the config leaves cluster.node_num or gpu_per_node out)."""
+        return self.config_path == str(config_path) and (cluster_fixed or self.gpus_per_node == gpus_per_node)
+
+    def cancel(self) -> None:
+        """Stop the probe and its children (no-op once it has finished)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self.out.close()
+        self.err.close()
+
+    def result(self) -> dict:
+        """Its JSON result plus the log lines Trinity printed (waits for it, up to ``timeout`` from its start)."""
+        try:
+            self.proc.wait(timeout=max(0.0, self.timeout - (time.monotonic() - self.t0)))
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            return {"error": f"Trinity's config check did not finish in {self.timeout:.0f} s", "error_type": "Timeout", "log": []}
+        self.out.seek(0)
+        self.err.seek(0)
+        stdout, stderr = self.out.read(), self.err.read()
+        self.cancel()
+        return parse_probe(stdout, stderr, self.proc.returncode)
+
+
 def run_probe(config_path: str, gpus_per_node: int = 1, python: str | None = None, timeout: float = 300, cwd=None) -> dict:
     """Run _trinity_probe.py with the stack's Python; its JSON result plus the log lines Trinity printed."""
-    # -P: do not put the probe's own directory (rftstack/checks, which has modules named like
-    # the packages Trinity imports) in front of sys.path
-    cmd = [python or sys.executable, "-P", str(PROBE), str(config_path), str(gpus_per_node)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired:
-        return {"error": f"Trinity's config check did not finish in {timeout:.0f} s", "error_type": "Timeout", "log": []}
+    return Probe(config_path, gpus_per_node, python, timeout, cwd).result()
+
+
+def parse_probe(stdout: str, stderr: str, returncode: int | None) -> dict:
+    """The probe's JSON result (its PROBE_MARK line) plus every other line it printed, as ``log``."""
     result = None
     log = []
-    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+    for line in (stdout + "\n" + stderr).splitlines():
         if line.startswith(PROBE_MARK):
             result = json.loads(line[len(PROBE_MARK):])
         elif line.strip():
             log.append(line)
     if result is None:
         tail = " | ".join(log[-3:])
-        return {"error": f"Trinity's config check exited with {proc.returncode} without a result ({tail})", "error_type": "ProbeCrash", "log": log}
+        return {"error": f"Trinity's config check exited with {returncode} without a result ({tail})", "error_type": "ProbeCrash", "log": log}
     result["log"] = log
     return result
 
