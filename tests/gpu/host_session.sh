@@ -25,7 +25,7 @@
 #   proxy3b-ff the 3B shape: bare, trinity (fast forward + group commit, the defaults) and trinity-noff
 #              (RFTSTACK_PROXY_FAST_FORWARD=0) in one run, c=32,64, 8 rounds per level, equal and spread
 #              lengths: the figures of docs/benchmarks.md's Summary (bench/summary_table.py)
-#   proxy3b-gc the 3B shape: bare, trinity (every proxy patch on, the defaults) and trinity-nogc
+#   proxy3b-freeze  the 3B shape: bare, trinity (every proxy patch on, the defaults) and trinity-nogc
 #              (RFTSTACK_PROXY_GC=0) in one run, c=32,64, 8 rounds per level, equal and spread lengths
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model (run it after qwen3b, whose runs warm the caches)
@@ -85,7 +85,7 @@ for step in "${steps[@]}"; do
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --budget-s 900 ;;
         proxy3b-ff) bench --model /tmp/bench/qwen3b --label qwen3b-ff --phases bare,trinity,trinity-noff --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
-        proxy3b-gc) bench --model /tmp/bench/qwen3b --label qwen3b-gc --phases bare,trinity,trinity-nogc --no-like-proxy \
+        proxy3b-freeze) bench --model /tmp/bench/qwen3b --label qwen3b-freeze --phases bare,trinity,trinity-nogc --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
