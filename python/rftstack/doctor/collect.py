@@ -147,7 +147,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
             if raw is not None and not value_failed:
                 mpath = config_check.model_path(raw)
                 gpus = max(1, len(info.gpus))
-                fixed = bool(dotted.get(raw, "cluster.node_num") and dotted.get(raw, "cluster.gpu_per_node"))
+                fixed = config_check.cluster_sizes_fixed(raw)
                 early = trinity_probe if trinity_probe is not None and trinity_probe.matches(config_path, gpus, fixed) else None
                 if early is None:
                     say("checking the config with Trinity's own code (a subprocess that imports torch/ray/verl, about 15 s)...")
@@ -157,7 +157,7 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
                     early.result() if early is not None else config_check.run_probe(config_path, gpus, python=python),
                     raw, config_check.read_model_config(mpath), config_path))
     if raw is not None:
-        get = config_check.get
+        get = dotted.get
 
         def number(key: str, default, ok=values.is_num):
             """The config's value, or the default where it is of the wrong type (config.value said so)."""
@@ -184,10 +184,10 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
     cluster_address = ray_address
     ray_address, ray_source = ray_cluster.find_address({**env, "RAY_ADDRESS": cluster_address} if cluster_address else env)
     ray_ok = ray_cluster.reachable(ray_address) if ray_address and not ray_address.startswith("ray://") else (None, "")
-    port = config_check.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)
+    port = dotted.get(raw or {}, "explorer.proxy_port", network.DEFAULT_PROXY_PORT)
     run("network", lambda: network.check(
         port if values.is_int(port) else network.DEFAULT_PROXY_PORT,
-        str(config_check.get(raw or {}, "explorer.listen_address", network.DEFAULT_LISTEN)),
+        str(dotted.get(raw or {}, "explorer.listen_address", network.DEFAULT_LISTEN)),
         netstat.listeners(),
         ray_address if ray_ok[0] else None,
         listen_is_default=not dotted.is_set(raw or {}, "explorer.listen_address")))
@@ -203,13 +203,13 @@ def collect(config_path: str | None = None, *, env=os.environ, gpu_reader=None, 
             store = None
             if raw is not None:
                 for name, key in (("model", "model.model_path"), ("checkpoints", "checkpoint_root_dir")):
-                    value = config_check.get(raw, key, None)
+                    value = dotted.get(raw, key, None)
                     if isinstance(value, str) and value:
                         paths[name] = str(Path(value).absolute())
                 if "checkpoints" in paths:
                     shared["checkpoints"] = paths["checkpoints"]
-                if config_check.get(raw, "mode", None) == "train":  # the trainer reads the store where Ray places it
-                    store = config_check.get(raw, "buffer.trainer_input.experience_buffer.path", None)
+                if dotted.get(raw, "mode", None) == "train":  # the trainer reads the store where Ray places it
+                    store = dotted.get(raw, "buffer.trainer_input.experience_buffer.path", None)
                     if cluster.store_file(store):
                         shared["store"] = str(Path(cluster.store_file(store)).absolute().parent)
             markers = cluster.place_markers(shared)

@@ -397,14 +397,12 @@ class Serve:
         preflight is skipped or would ask it with a GPU count known only after the machine checks."""
         if self.args.skip_doctor:
             return None
-        cfg = plan.preflight_cfg
-        fixed = serve_config.get(cfg, "cluster.node_num") and serve_config.get(cfg, "cluster.gpu_per_node")
-        if not fixed and self.args.num_gpus is None:
-            return None
         try:
             from rftstack.doctor.checks import config as config_check
         except ImportError:
             return None  # _preflight names what is missing
+        if not config_check.cluster_sizes_fixed(plan.preflight_cfg) and self.args.num_gpus is None:
+            return None
         self.say("  Trinity's own config check started (a subprocess, beside the machine checks)")
         # the serve's tag: the teardown finds it like every other process of this serve
         return config_check.Probe(preflight, max(1, self.args.num_gpus or 0), env={**os.environ, supervisor.TAG_VAR: self.tag})

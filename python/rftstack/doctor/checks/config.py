@@ -63,6 +63,12 @@ def model_path(cfg: dict, config_path: str | os.PathLike | None = None) -> str |
 # Trinity's own validation, in a subprocess
 # ---------------------------------------------------------------------------------------------
 
+def cluster_sizes_fixed(cfg: dict) -> bool:
+    """Whether the config sets both cluster.node_num and cluster.gpu_per_node (non-zero): only then
+    does the probe not use the GPU count it is given (_trinity_probe.py assumes one where they are not)."""
+    return bool(get(cfg, "cluster.node_num") and get(cfg, "cluster.gpu_per_node"))
+
+
 class Probe:
     """_trinity_probe.py running in its own process group, started now and read later
     (``result``), or stopped unread (``cancel``): serve starts it beside its other preflight steps."""
