@@ -13,12 +13,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def overhead(out: Path, variants: str, concurrency: int, requests: int, max_tokens: int) -> subprocess.CompletedProcess:
+    """bench/proxy_overhead.py with these variants and one load level, its JSON to ``out``."""
+    return subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", variants,
+                           "--concurrency", str(concurrency), "--requests", str(requests), "--max-tokens", str(max_tokens)],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+
+
 @pytest.mark.slow
 def test_proxy_forwards_and_records_every_response(tmp_path):
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "sqlite",
-                        "--concurrency", "2", "--requests", "10", "--max-tokens", "5"],
-                       capture_output=True, text=True, timeout=600, check=False)
+    r = overhead(out, "sqlite", 2, 10, 5)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     run = res["runs"]["sqlite"]
@@ -48,9 +53,7 @@ def test_sqlite_and_sqlite_group_side_by_side(tmp_path):
     import proxy_overhead as po
 
     out = tmp_path / "g.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "sqlite,sqlite-group",
-                        "--concurrency", "8", "--requests", "24", "--max-tokens", "5"],
-                       capture_output=True, text=True, timeout=600, check=False)
+    r = overhead(out, "sqlite,sqlite-group", 8, 24, 5)
     if not po.group_commit_installed():
         assert r.returncode == 2 and "needs the group-commit patch" in r.stderr and "Traceback" not in r.stderr
         return
@@ -71,9 +74,7 @@ def test_http_protocol_flags_and_the_h2c_offer(tmp_path):
     patched one or on h11."""
     out = tmp_path / "p.json"
     variants = "hop+published+offer,hop+offer,hop+h11+offer"
-    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", variants,
-                        "--concurrency", "2", "--requests", "6", "--max-tokens", "3"],
-                       capture_output=True, text=True, timeout=600, check=False)
+    r = overhead(out, variants, 2, 6, 3)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     levels = {v: res["runs"][v]["levels"][0] for v in variants.split(",")}
@@ -110,9 +111,7 @@ def test_sqlite_fast_and_sqlite_gc_side_by_side(tmp_path):
     import proxy_overhead as po
 
     out = tmp_path / "gc.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "sqlite-fast,sqlite-gc",
-                        "--concurrency", "8", "--requests", "24", "--max-tokens", "5"],
-                       capture_output=True, text=True, timeout=600, check=False)
+    r = overhead(out, "sqlite-fast,sqlite-gc", 8, 24, 5)
     if not po.app_patch_installed(po.GC_VAR):
         assert r.returncode == 2 and "need the gc patch" in r.stderr and "Traceback" not in r.stderr
         return

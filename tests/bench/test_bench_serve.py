@@ -257,29 +257,21 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
         grpc_like.close()
 
 
-def test_summary_adds_the_noff_phase_next_to_the_proxy():
-    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
+@pytest.mark.parametrize("phase, key, c, tps, spread, ratios, var", [
+    ("trinity-noff", "noff", 64, (1000.0, 950.0, 610.0), (960.0, 700.0), (0.95, 0.61, 0.7), ("FAST_FORWARD_VAR", "RFTSTACK_PROXY_FAST_FORWARD")),
+    ("trinity-nogc", "nogc", 32, (1000.0, 900.0, 800.0), (960.0, 920.0), (0.9, 0.8, 0.92), ("GC_VAR", "RFTSTACK_PROXY_GC")),
+])
+def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps, spread, ratios, var):
+    """The phases that run the proxy with one patch switched off get their own ratios beside the proxy's."""
+    lv = lambda tok_s: {"levels": [{"concurrency": c, "output_tokens_per_s": tok_s}]}  # noqa: E731
+    bare, proxy, off = tps
     result = {"label": "x", "phases": {
-        "bare": {"load": {"levels": [lv(64, 1000.0)]}, "load_spread": {"levels": [lv(64, 1000.0)]}},
-        "trinity": {"load": {"levels": [lv(64, 950.0)]}, "load_spread": {"levels": [lv(64, 960.0)]}},
-        "trinity-noff": {"load": {"levels": [lv(64, 610.0)]}, "load_spread": {"levels": [lv(64, 700.0)]}},
+        "bare": {"load": lv(bare), "load_spread": lv(1000.0)},
+        "trinity": {"load": lv(proxy), "load_spread": lv(spread[0])},
+        phase: {"load": lv(off), "load_spread": lv(spread[1])},
     }}
     s = svb.summary(result)
-    assert s["throughput_ratio"]["64"] == {"bare_tok_s": 1000.0, "proxy_tok_s": 950.0, "proxy_vs_bare": 0.95,
-                                          "proxy_noff_tok_s": 610.0, "proxy_noff_vs_bare": 0.61}
-    assert s["throughput_ratio_spread"]["64"]["proxy_noff_vs_bare"] == 0.7
-    assert "trinity-noff" in svb.PHASES and svb.FAST_FORWARD_VAR == "RFTSTACK_PROXY_FAST_FORWARD"
-
-
-def test_summary_adds_the_nogc_phase_next_to_the_proxy():
-    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
-    result = {"label": "x", "phases": {
-        "bare": {"load": {"levels": [lv(32, 1000.0)]}, "load_spread": {"levels": [lv(32, 1000.0)]}},
-        "trinity": {"load": {"levels": [lv(32, 900.0)]}, "load_spread": {"levels": [lv(32, 960.0)]}},
-        "trinity-nogc": {"load": {"levels": [lv(32, 800.0)]}, "load_spread": {"levels": [lv(32, 920.0)]}},
-    }}
-    s = svb.summary(result)
-    assert s["throughput_ratio"]["32"] == {"bare_tok_s": 1000.0, "proxy_tok_s": 900.0, "proxy_vs_bare": 0.9,
-                                          "proxy_nogc_tok_s": 800.0, "proxy_nogc_vs_bare": 0.8}
-    assert s["throughput_ratio_spread"]["32"]["proxy_nogc_vs_bare"] == 0.92
-    assert "trinity-nogc" in svb.PHASES and svb.GC_VAR == "RFTSTACK_PROXY_GC"
+    assert s["throughput_ratio"][str(c)] == {"bare_tok_s": bare, "proxy_tok_s": proxy, "proxy_vs_bare": ratios[0],
+                                             f"proxy_{key}_tok_s": off, f"proxy_{key}_vs_bare": ratios[1]}
+    assert s["throughput_ratio_spread"][str(c)][f"proxy_{key}_vs_bare"] == ratios[2]
+    assert phase in svb.PHASES and getattr(svb, var[0]) == var[1]
