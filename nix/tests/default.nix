@@ -81,7 +81,8 @@ in
         files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch"
           "trinity-explorer-node.patch" "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
           "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-fast-forward.patch"
-          "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch" ];
+          "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch"
+          "trinity-engine-uni-executor.patch" "trinity-coordinator-early.patch" ];
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
       verl = { version = "0.8.0"; files = [ "verl-unpad-without-flash-attn.patch" ]; };

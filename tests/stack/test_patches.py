@@ -149,6 +149,8 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-sql-read-requeue.patch: trinity/algorithm/sample_strategy/sample_strategy.py: applied",
         "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-gc.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-engine-uni-executor.patch: trinity/common/models/vllm_model.py: applied",
+        "trinity-coordinator-early.patch: trinity/explorer/explorer.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
