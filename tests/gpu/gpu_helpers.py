@@ -44,6 +44,14 @@ def gpu_pids() -> set[int]:
     return {int(x) for x in out.stdout.split() if x.strip().isdigit()}
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of process ``pid`` (0 when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def post(url: str, body: dict, timeout: float = 120) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=timeout).read())

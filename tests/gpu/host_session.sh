@@ -8,6 +8,8 @@
 # collect $LOGS. Never stop it with `pkill -f host_session.sh` from a remote shell whose own command
 # line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
 #   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve
+#   rl-mp      the same with RFTSTACK_ENGINE_EXECUTOR=mp (upstream's worker process beside the EngineCore):
+#              rl runs the uni executor, this one mp, each test printing the processes on the GPU
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
 #   train-lora the same with LoRA rank 16 (both configs' model.lora_configs; vLLM's runtime LoRA)
 #   train-3b-lora, train-3b  the same on the Qwen2.5-3B shape, LoRA 16 / full: the trainer's peak GPU memory
@@ -71,6 +73,7 @@ for step in "${steps[@]}"; do
     t0=$(date +%s)
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
+        rl-mp) RFTSTACK_ENGINE_EXECUTOR=mp pytest_gpu rl-mp test_rl_loop_gpu.py ;;
         train) pytest_gpu train test_train_loop_gpu.py ;;
         train-lora) RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-lora test_train_loop_gpu.py ;;
         train-3b-lora) wait; RFTSTACK_TRAIN_MODEL=/tmp/bench/qwen3b RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-3b-lora test_train_loop_gpu.py ;;
