@@ -85,7 +85,7 @@ ray.init(address="local", num_cpus=4, include_dashboard=False, namespace=config.
 results = {}
 for name, sc in json.loads(sys.argv[2]).items():
     cfg = load_config(sys.argv[1]); cfg.check_and_update()
-    if sc.get("bad_operator"):  # the real coordinator's prepare then fails: "Unknown operator: no_such_operator"
+    if sc.get("bad_operator"):  # the real coordinator's prepare then fails on the unknown operator
         from trinity.common.config import OperatorConfig
         cfg.data_processor.experience_pipeline.operators = [OperatorConfig(name="no_such_operator")]
     actor = ray.remote(ExplorerWithModelDoubles).options(runtime_env={"env_vars": {"RFTSTACK_COORDINATOR_EARLY": sc["early"]}}
@@ -173,7 +173,7 @@ def test_a_models_failure_ends_prepare_with_its_error_and_no_coordinator_left(ru
 
 def test_a_coordinator_failure_ends_prepare_with_its_error_after_shutting_the_models_down(runs):
     failed = runs[0]["coordinator_fails"]
-    assert failed["error"] is not None and "Unknown operator: no_such_operator" in failed["error"]
+    assert failed["error"] is not None and "no_such_operator" in failed["error"]  # Trinity: "Invalid module key: ..."
     assert failed["notes"]["models_shut_down"] == 1  # shutdown ran, as upstream does on any failure
     assert failed["alive_after"] == []
 
