@@ -75,13 +75,15 @@ in
   testPatchesFromPolicy = {
     expr = real.patches;
     expected = {
+      ray = { version = "2.60.0"; files = [ "ray-prestart-workers.patch" ]; };
       torch = { version = "2.11.0"; files = [ "torch-tcpstore-loopback.patch" ]; };
       trinity-rft = {
         version = "0.6.0";
         files = [ "trinity-proxy-store-errors.patch" "trinity-proxy-stream-record.patch" "trinity-synchronizer-unparsable-sleep.patch"
           "trinity-explorer-node.patch" "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
           "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-fast-forward.patch"
-          "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch" ];
+          "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch"
+          "trinity-launcher-head-env.patch" ];
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
       verl = { version = "0.8.0"; files = [ "verl-unpad-without-flash-attn.patch" ]; };
