@@ -78,7 +78,15 @@ def test_trinity_env_is_what_trinitys_own_config_gives(tmp_path, tiny_model, ext
     assert warm_workers.trinity_env(cfg, cwd=str(run_dir), environ=dict(os.environ)) == got["envs"]
 
 
-def test_launcher_patch_decides_the_jobs_runtime_env(caplog):
+def test_launcher_patch_warns_in_trinitys_log_on_a_difference():
+    code = ("import trinity.cli.launcher as l; "
+            "print('RESULT', l.job_runtime_env({'TRINITY_LOG_DIR': '/x'}, environ={l.HEAD_ENV_VAR: '{\"TRINITY_LOG_DIR\": \"/y\"}'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "RESULT {'env_vars': {'TRINITY_LOG_DIR': '/x'}}" in out.stdout, out.stderr[-2000:]
+    assert "WARNING" in out.stdout and "the Ray head's TRINITY_LOG_DIR differ from this config's" in out.stdout
+
+
+def test_launcher_patch_decides_the_jobs_runtime_env():
     envs = {"TRINITY_LOG_DIR": "/x/log", "TRINITY_LOG_LEVEL": "INFO"}
     assert launcher.job_runtime_env(envs, environ={}) == {"env_vars": envs}  # upstream
     same = warm_workers.driver_env(envs)
