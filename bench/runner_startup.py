@@ -171,8 +171,10 @@ class Bench:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
         for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
             self.env.pop(k, None)
+        # RFTSTACK_WARM_WORKERS=0: the trinity test double starts no actors, so the head's warm workers
+        # (which import Trinity's actor modules) would only load the machine the runner is timed on
         self.env.update(RFTSTACK_TRINITY_CMD=f"{sys.executable} {FAKE_TRINITY}", FAKE_TRINITY="check_ray",
-                        XDG_CACHE_HOME=str(self.work / "cache"))  # fmt: skip
+                        XDG_CACHE_HOME=str(self.work / "cache"), RFTSTACK_WARM_WORKERS="0")  # fmt: skip
         self.model = Path(args.model) if args.model else self.work / "tiny"
         self.config = self.work / "serve.yaml"
 

@@ -20,6 +20,10 @@ Phases (each hard time-bounded, processes always stopped, results written after 
   trinity-nogc
            the same with RFTSTACK_PROXY_GC=0 (Python's garbage collector as it comes in the proxy's
            process, without patches/trinity-proxy-gc.patch), side by side with `trinity` in one run
+  trinity-cold
+           time to ready of `rftstack serve` with RFTSTACK_WARM_WORKERS=0 (its own Ray head without
+           warm workers, Trinity's job with its runtime_env: every actor in a new process, as plain
+           Ray and Trinity), side by side with `trinity` (warm workers, the default) in one run
   manual   the report's steps by hand: `ray start --head` (loopback, explicit ports, private
            temp dir) then `trinity run --config CONFIG`: time to ready only
 
@@ -63,9 +67,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
 from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E402
+
+WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
 from rftstack.doctor.netstat import free_port
 
-PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "manual")
+PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "trinity-cold", "manual")
 
 # vLLM / Trinity log lines that say where start-up time goes: name -> regex (first group: seconds)
 MARKERS = {
@@ -475,6 +481,11 @@ class Bench:
         r["env"] = {GC_VAR: "0"}
         return r
 
+    def phase_trinity_cold(self) -> dict:
+        r = self.phase_trinity("trinity-cold", env={**self.env(), WARM_VAR: "0"})
+        r["env"] = {WARM_VAR: "0"}
+        return r
+
     def phase_manual(self) -> dict:
         ray_dir = Path(f"/tmp/rb-{os.getpid()}")  # Ray's socket paths must stay short
         gcs = free_port()
@@ -506,9 +517,9 @@ class Bench:
 
     def run(self) -> int:
         phases = [p.strip() for p in self.args.phases.split(",") if p.strip()]
-        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "trinity-noff": 240, "trinity-nogc": 240, "manual": 240}
+        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "trinity-noff": 240, "trinity-nogc": 240, "trinity-cold": 240, "manual": 240}
         if self.args.ready_only:
-            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "trinity-noff": 200, "trinity-nogc": 200, "manual": 200}
+            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "trinity-noff": 200, "trinity-nogc": 200, "trinity-cold": 200, "manual": 200}
         for ph in phases:
             if self.remaining() < estimate[ph] * 0.5:
                 self.result["phases"][ph] = {"skipped": f"budget: {self.remaining():.0f} s left"}
@@ -562,14 +573,14 @@ def summary(result: dict) -> dict:
     ph = result["phases"]
     bare, tri, man = ph.get("bare", {}), ph.get("trinity", {}), ph.get("manual", {})
     out: dict = {"label": result["label"], "ready_s": {}, "throughput_ratio": {}}
-    for name, p in (("bare", bare), ("trinity", tri), ("manual", man)):
+    for name, p in (("bare", bare), ("trinity", tri), ("trinity-cold", ph.get("trinity-cold", {})), ("manual", man)):
         r = p.get("ready", {})
         if r.get("ready"):
             out["ready_s"][name] = r.get("first_answer_incl_ray_start_s", r["first_answer_s"])
     if "bare" in out["ready_s"]:
-        for name in ("trinity", "manual"):
+        for name in ("trinity", "trinity-cold", "manual"):
             if name in out["ready_s"]:
-                out[f"ready_ratio_{name}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
+                out[f"ready_ratio_{name.replace('-', '_')}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
     nogroup, noff, nogc = ph.get("trinity-nogroup", {}), ph.get("trinity-noff", {}), ph.get("trinity-nogc", {})
     out["throughput_ratio"] = _ratios(bare.get("load"), (
         ("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),

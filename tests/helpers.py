@@ -53,6 +53,11 @@ def rftstack_env(**extra) -> dict:
     for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "FAKE_TRINITY"):
         env.pop(k, None)
     env.update(extra)
+    if str(FAKE_TRINITY) in env.get("RFTSTACK_TRINITY_CMD", "") and "RFTSTACK_WARM_WORKERS" not in extra:
+        # serve's own head without warm workers for the trinity test double: it starts no actors to use
+        # them, and each would import torch, vLLM and Trinity (15-20 s of a 2-core machine); the
+        # default (one per actor) is tested in tests/run/test_warm_workers.py
+        env["RFTSTACK_WARM_WORKERS"] = "0"
     return env
 
 

@@ -43,7 +43,7 @@ def add_torch(site: Path) -> Path:
 
 TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/explorer.py", "trinity/explorer/proxy/app.py",
                  "trinity/explorer/proxy/service.py", "trinity/explorer/proxy/recorder.py", "trinity/buffer/storage/sql.py",
-                 "trinity/algorithm/sample_strategy/sample_strategy.py",
+                 "trinity/algorithm/sample_strategy/sample_strategy.py", "trinity/cli/launcher.py",
                  "trinity/common/models/vllm_model.py")
 
 
@@ -78,24 +78,36 @@ def add_trinity_proxy(site: Path) -> Path:
 
 
 VERL_REL = "verl/utils/attention_utils.py"
+RAY_REL = "ray/_private/services.py"
 
 
-def add_verl(site: Path) -> Path:
-    """The installed verl's attention_utils.py (un-patched) with verl's dist-info (METADATA and a
-    RECORD naming that file): enough for rftstack's patch machinery."""
-    import verl
+def add_dist_file(site: Path, module: str, dist: str, rel: str) -> Path:
+    """The installed ``module``'s file ``rel`` (un-patched with the reverse of ``dist``'s policy patch
+    when the venv's copy is patched) with the distribution's dist-info (METADATA and a RECORD naming
+    that file): enough for rftstack's patch machinery."""
+    import importlib
 
-    real_site = Path(verl.__file__).parents[1]
-    text = (real_site / VERL_REL).read_text()
-    (p,) = [p for p in policy.load().patches if p.dist == "verl"]
+    real_site = Path(importlib.import_module(module).__file__).parents[1]
+    text = (real_site / rel).read_text()
+    (p,) = [p for p in policy.load().patches if p.dist == dist]
     for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
         back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
         if "rftstack patch" in text:
             text = patches.apply_text(text, back)[0]
-    (site / VERL_REL).parent.mkdir(parents=True, exist_ok=True)
-    (site / VERL_REL).write_text(text)
-    real_info = next(real_site.glob("verl-*.dist-info"))
+    (site / rel).parent.mkdir(parents=True, exist_ok=True)
+    (site / rel).write_text(text)
+    real_info = next(real_site.glob(f"{dist.replace('-', '_')}-*.dist-info"))
     (site / real_info.name).mkdir()
     shutil.copy(real_info / "METADATA", site / real_info.name / "METADATA")
-    (site / real_info.name / "RECORD").write_text(f"{VERL_REL},,\n")
+    (site / real_info.name / "RECORD").write_text(f"{rel},,\n")
     return site
+
+
+def add_verl(site: Path) -> Path:
+    """The installed verl's attention_utils.py (un-patched) with verl's dist-info."""
+    return add_dist_file(site, "verl", "verl", VERL_REL)
+
+
+def add_ray(site: Path) -> Path:
+    """The installed Ray's _private/services.py (un-patched) with Ray's dist-info."""
+    return add_dist_file(site, "ray", "ray", RAY_REL)

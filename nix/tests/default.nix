@@ -75,6 +75,7 @@ in
   testPatchesFromPolicy = {
     expr = real.patches;
     expected = {
+      ray = { version = "2.60.0"; files = [ "ray-prestart-workers.patch" ]; };
       torch = { version = "2.11.0"; files = [ "torch-tcpstore-loopback.patch" ]; };
       trinity-rft = {
         version = "0.6.0";
@@ -82,7 +83,7 @@ in
           "trinity-explorer-node.patch" "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
           "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-fast-forward.patch"
           "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch"
-          "trinity-engine-uni-executor.patch" "trinity-coordinator-early.patch" ];
+          "trinity-launcher-head-env.patch" "trinity-engine-uni-executor.patch" "trinity-coordinator-early.patch" ];
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
       verl = { version = "0.8.0"; files = [ "verl-unpad-without-flash-attn.patch" ]; };

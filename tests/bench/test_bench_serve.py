@@ -134,6 +134,19 @@ def test_summary_ratios():
     assert "throughput_ratio_spread" not in s
 
 
+def test_summary_adds_the_cold_start_phase_next_to_trinity():
+    """trinity-cold (RFTSTACK_WARM_WORKERS=0): its time to ready beside trinity's, against bare's."""
+    result = {"label": "x", "phases": {
+        "bare": {"ready": {"ready": True, "first_answer_s": 40.0}},
+        "trinity": {"ready": {"ready": True, "first_answer_s": 60.0}},
+        "trinity-cold": {"ready": {"ready": True, "first_answer_s": 90.0}},
+    }}
+    s = svb.summary(result)
+    assert s["ready_s"] == {"bare": 40.0, "trinity": 60.0, "trinity-cold": 90.0}
+    assert s["ready_ratio_trinity_vs_bare"] == 1.5 and s["ready_ratio_trinity_cold_vs_bare"] == 2.25
+    assert "trinity-cold" in svb.PHASES and hasattr(svb.Bench, "phase_trinity_cold")
+
+
 def test_summary_adds_the_nogroup_phase_and_the_spread_load():
     lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
     result = {"label": "x", "phases": {

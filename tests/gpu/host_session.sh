@@ -30,9 +30,11 @@
 #   proxy3b-freeze  the 3B shape: bare, trinity (every proxy patch on, the defaults) and trinity-nogc
 #              (RFTSTACK_PROXY_GC=0) in one run, c=32,64, 8 rounds per level, equal and spread lengths
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
-#   ready-3b   the same on the Qwen2.5-3B-shaped model (run it after qwen3b, whose runs warm the caches)
+#   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
+#              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
 #   expose     tests/gpu/test_expose_gpu.py         serve --expose: the API key on every route, only the proxy off loopback
+#   warm       tests/gpu/test_warm_workers_gpu.py  a GPU actor in a warm Ray worker sees the GPU Ray gave it
 #   cluster    tests/gpu/test_cluster_gpu.py        a GPU-less head and a GPU worker in network namespaces (root;
 #              iproute2's `ip`: on a host without it, put the kit of tests/gpu/ip_kit.sh first on PATH)
 #   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
@@ -91,10 +93,11 @@ for step in "${steps[@]}"; do
         proxy3b-freeze) bench --model /tmp/bench/qwen3b --label qwen3b-freeze --phases bare,trinity,trinity-nogc --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
-        ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
+        ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,trinity-cold,manual --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
         expose) pytest_gpu expose test_expose_gpu.py ;;
         cluster) pytest_gpu cluster test_cluster_gpu.py ;;
+        warm) pytest_gpu warm test_warm_workers_gpu.py ;;
         gap) wait; python3 bench/silent_gap.py --out "$LOGS/gap" --ready-url http://127.0.0.1:8123/v1/models --timeout 400 \
                  -- vllm serve /tmp/bench/tiny --host 127.0.0.1 --port 8123 --gpu-memory-utilization 0.6 ;;
         gap-trinity) wait; python3 -m rftstack example-config /tmp/bench/tiny -o /tmp/gap-trinity.yaml

@@ -13,7 +13,7 @@ import uvicorn_helpers
 from rftstack.stack import patches
 from rftstack.stack import policy
 
-from patch_helpers import add_trinity, add_verl
+from patch_helpers import add_ray, add_trinity, add_verl
 
 TORCH = Path(torch.__file__).parent
 SITE = TORCH.parent
@@ -40,6 +40,7 @@ def site(tmp_path):
     add_trinity(tmp_path)
     uvicorn_helpers.add_uvicorn(tmp_path)
     add_verl(tmp_path)
+    add_ray(tmp_path)
     return tmp_path
 
 
@@ -149,6 +150,8 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-sql-read-requeue.patch: trinity/algorithm/sample_strategy/sample_strategy.py: applied",
         "trinity-proxy-api-key.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-gc.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-launcher-head-env.patch: trinity/cli/launcher.py: applied",
+        "ray-prestart-workers.patch: ray/_private/services.py: applied",
         "trinity-engine-uni-executor.patch: trinity/common/models/vllm_model.py: applied",
         "trinity-coordinator-early.patch: trinity/explorer/explorer.py: applied",
     ]

@@ -29,6 +29,7 @@ from rftstack.run import readiness
 from rftstack.run import rundir
 from rftstack.run import serve_config
 from rftstack.run import supervisor
+from rftstack.run import warm_workers
 from rftstack.errors import UserError
 
 TRINITY_CMD_VAR = "RFTSTACK_TRINITY_CMD"  # e.g. "python tests/doubles/fake_trinity.py" (tests)
@@ -218,6 +219,9 @@ class Plan:
     token_path: str | None  # the joined head's token file (--ray-address only)
     key_file: Path | None = None  # --expose: the proxy's API key file
     proxy_env: dict[str, str] = dataclasses.field(default_factory=dict)  # what the proxy reads from the head's environment
+    warm_workers: int = 0  # idle Ray workers the own head starts with Trinity's modules imported (warm_workers.py)
+    head_env: dict[str, str] = dataclasses.field(default_factory=dict)  # everything the own head is started with beyond os.environ
+    driver_env: dict[str, str] = dataclasses.field(default_factory=dict)  # what `trinity run` gets for the warm workers
 
 
 @dataclasses.dataclass
@@ -358,12 +362,28 @@ class Serve:
             raise UserError("--tls-cert needs this serve's own Ray head (the proxy reads it from the head's environment); leave out --ray-address")
         if args.dashboard and args.ray_address:
             raise UserError("--dashboard starts Ray's dashboard with this serve's own Ray head; leave out --ray-address (the joined head has its own) or --dashboard")
+        self._plan_warm_workers(plan)
         rundir.write_atomic(self.run.root / "config.preflight.yaml", yaml.safe_dump(plan.preflight_cfg, sort_keys=False))
         if args.ray_address:
             plan.token_path = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
             if not plan.token_path:
                 raise UserError("--ray-address needs the head's token file; pass --ray-token-path or set RAY_AUTH_TOKEN_PATH")
         return plan
+
+    def _plan_warm_workers(self, plan: Plan) -> None:
+        args = self.args
+        asked = warm_workers.asked(args.warm_workers, os.environ)
+        if args.ray_address:
+            if args.warm_workers:
+                raise UserError("--warm-workers starts idle workers with this serve's own Ray head; leave out --ray-address or --warm-workers")
+            plan.head_env = dict(plan.proxy_env)
+            return
+        plan.warm_workers = warm_workers.actor_count(plan.preflight_cfg) if asked is None else asked
+        plan.head_env = dict(plan.proxy_env)
+        if plan.warm_workers:
+            trinity = warm_workers.trinity_env(plan.preflight_cfg, cwd=str(self.run.root), environ=dict(os.environ))
+            plan.head_env.update(warm_workers.head_env(trinity, plan.warm_workers))
+            plan.driver_env = warm_workers.driver_env(trinity)
 
     def _effective(self, plan: Plan, ray_address: str):
         return serve_config.effective(plan.user_cfg, run_dir=str(self.run.root), ray_address=ray_address,
@@ -383,7 +403,9 @@ class Serve:
                 # an own head starts at once too (`ray start` takes seconds; nothing of the
                 # preflight needs it, nor it the preflight): after a FAIL it is stopped at once,
                 # its temp dir removed
-                with HeadStarter(self, self.args.num_gpus, plan.proxy_env, driver_check=False, dashboard=self.args.dashboard) as starter:
+                if plan.warm_workers:
+                    self.say(f"  {plan.warm_workers} idle Ray workers start with the head, importing Trinity's actor modules (--warm-workers 0: none)")
+                with HeadStarter(self, self.args.num_gpus, plan.head_env, driver_check=False, dashboard=self.args.dashboard) as starter:
                     self._preflight(None)
                     self._preflight(preflight, probe)
                 self.head, self.driver_check = starter.result(), starter.check
@@ -420,7 +442,8 @@ class Serve:
         dashboard = self.head.dashboard_url or None
         self.say(f"Ray dashboard {dashboard} (loopback, asks for the head's token)" if dashboard else "no Ray dashboard (--dashboard starts one)")
         self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": dashboard,
-                               "pids": [p.pid for p in self.head.processes()], "tag": self.head.tag})  # fmt: skip
+                               "pids": [p.pid for p in self.head.processes()], "tag": self.head.tag,
+                               "warm_workers": plan.warm_workers})  # fmt: skip
         return ray_env, ray_address
 
     # -- phase config: the effective config and environment
@@ -438,6 +461,7 @@ class Serve:
         env, notes = serve_config.environment(dict(os.environ), ray_env=ray_env, tag=self.tag, nvcc=find_nvcc(dict(os.environ)),
                                               expose=self.args.expose, explorer_node=self._node_ip(ray_address))  # fmt: skip
         env.update(plan.proxy_env)
+        env.update(plan.driver_env)
         for n in notes:
             self.say(f"env: {n}")
         host = serve_config.get(cfg, "explorer.listen_address")
@@ -702,6 +726,9 @@ def configure(parser) -> None:
     parser.add_argument("--num-gpus", type=int, default=None, help="GPUs for the Ray head (default: detected)")
     parser.add_argument("--dashboard", action="store_true",
                         help="start Ray's dashboard with this serve's own Ray head (loopback only, token auth); default: none, nothing of serve needs it")
+    parser.add_argument("--warm-workers", type=int, default=None, metavar="N",
+                        help="idle Ray workers this serve's own head starts with Trinity's actor modules imported, so that its actors "
+                             "skip those imports (default: $RFTSTACK_WARM_WORKERS, else one per actor of the config; 0: none, as plain Ray and Trinity)")
     parser.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks (experts)")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the proxy (default 900)")
     parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds trinity gets to stop before SIGKILL (default 60)")

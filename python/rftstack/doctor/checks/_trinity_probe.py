@@ -66,6 +66,7 @@ def main(path, gpus_per_node):
             "explorer.min_running_model_num", "explorer.proxy_port", "explorer.listen_address", "model.max_model_len",
             "checkpoint_job_dir", "explorer.db_url", "buffer.cache_dir")
     result["final"] = {k: unmap(after.get(k)) for k in keep if k in after}
+    result["envs"] = {k: unmap(v) for k, v in cfg.get_envs().items()}  # what `trinity run` gives its actors
     return result
 
 
