@@ -220,6 +220,8 @@ def test_serve_starts_its_head_with_one_warm_worker_per_actor(tmp_path, serve_ru
     assert "--num_prestart_python_workers=6" in Path(f"/proc/{raylet.pid}/cmdline").read_bytes().decode().split("\0")
     head = environ_of(raylet.pid)
     assert head["RAY_preload_python_modules"] == ",".join(warm_workers.PRELOAD)
+    # the engine actors inherit the head's environment, not trinity's: the loopback settings are there
+    assert {k: head.get(k) for k in serve_config.loopback_env()} == serve_config.loopback_env()
     trinity_pid = json.loads((tmp_path / "fake-pids.json").read_text())["trinity"]
     told = json.loads(environ_of(trinity_pid)[warm_workers.HEAD_ENV_VAR])
     assert told == {k: head[k] for k in told} and told["TRINITY_LOG_LEVEL"] == "DEBUG"

@@ -379,7 +379,8 @@ class Serve:
             plan.head_env = dict(plan.proxy_env)
             return
         plan.warm_workers = warm_workers.actor_count(plan.preflight_cfg) if asked is None else asked
-        plan.head_env = dict(plan.proxy_env)
+        # the engine actors inherit the head's environment (not trinity's): the loopback settings go there too
+        plan.head_env = {**serve_config.loopback_env(), **plan.proxy_env}
         if plan.warm_workers:
             trinity = warm_workers.trinity_env(plan.preflight_cfg, cwd=str(self.run.root), environ=dict(os.environ))
             plan.head_env.update(warm_workers.head_env(trinity, plan.warm_workers))

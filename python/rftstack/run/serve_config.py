@@ -206,6 +206,22 @@ def default_config(model_path: str, *, gpus: int) -> dict:
     }
 
 
+def loopback_env() -> dict[str, str]:
+    """What keeps the sockets of vLLM's engines on loopback. Given to trinity and to serve's own head:
+    Ray's workers, and so the engine actors and their EngineCore processes, inherit the head's
+    environment, not the driver's."""
+    return {
+        # vLLM: its torch.distributed rendezvous (uniproc executor: tcp://get_ip():port) and every
+        # "host ip" it computes use VLLM_HOST_IP; unset, it is the host's outbound address.
+        "VLLM_HOST_IP": LOOPBACK,
+        "VLLM_LOOPBACK_IP": LOOPBACK,
+        # gloo (vLLM's CPU groups) binds the address of the interface named here; unset, the hostname's.
+        "GLOO_SOCKET_IFNAME": "lo",
+        # NCCL's bootstrap and socket transport: loopback (one machine; NVLink/P2P/SHM are unaffected).
+        "NCCL_SOCKET_IFNAME": "lo",
+    }
+
+
 def environment(
     base: dict[str, str],
     *,
@@ -228,14 +244,7 @@ def environment(
     env.pop("RAY_AUTH_TOKEN", None)
     env["RFTSTACK_TAG"] = tag
     env["PYTHONUNBUFFERED"] = "1"
-    # vLLM: its torch.distributed rendezvous (uniproc executor: tcp://get_ip():port) and every
-    # "host ip" it computes use VLLM_HOST_IP; unset, it is the host's outbound address.
-    env["VLLM_HOST_IP"] = LOOPBACK
-    env["VLLM_LOOPBACK_IP"] = LOOPBACK
-    # gloo (vLLM's CPU groups) binds the address of the interface named here; unset, the hostname's.
-    env["GLOO_SOCKET_IFNAME"] = "lo"
-    # NCCL's bootstrap and socket transport: loopback (one machine; NVLink/P2P/SHM are unaffected).
-    env["NCCL_SOCKET_IFNAME"] = "lo"
+    env.update(loopback_env())
     notes.append("Ray, vLLM, gloo and NCCL bound to loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, VLLM_HOST_IP, GLOO/NCCL_SOCKET_IFNAME=lo)")
     if explorer_node is not None:
         if EXPLORER_NODE_VAR in base:
