@@ -31,10 +31,10 @@ DRIVER = textwrap.dedent("""
 
     @ray.remote(num_gpus=1)
     class Probe:
-        def report(self):
+        def report(self, modules):
             import torch
             before = torch.cuda.is_initialized()
-            preloaded = [m for m in sys.argv[1].split(",") if m in sys.modules]
+            preloaded = [m for m in modules.split(",") if m in sys.modules]
             count = torch.cuda.device_count()
             torch.zeros(1, device="cuda")
             ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
@@ -43,7 +43,7 @@ DRIVER = textwrap.dedent("""
                     "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_ids": ray.get_gpu_ids(),
                     "process_started": time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")}
 
-    print("REPORT " + json.dumps({"connected": connected, **ray.get(Probe.remote().report.remote())}), flush=True)
+    print("REPORT " + json.dumps({"connected": connected, **ray.get(Probe.remote().report.remote(sys.argv[1]))}), flush=True)
 """)
 
 

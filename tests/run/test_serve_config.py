@@ -182,3 +182,13 @@ def test_restart_with_the_same_checkpoint_root_reuses_the_same_stores(tmp_path, 
     cfg.continue_from_checkpoint = False  # what a config that sets it false would get: a new experiment
     GlobalConfigValidator().validate(cfg)
     assert cfg.checkpoint_job_dir != job
+
+
+def test_the_embedded_default_follows_expose():
+    """The embedded default (no -c) names no listen address, so --expose opens it like any config
+    without one (it pinned 127.0.0.1 before, and `serve --expose` without -c stayed on loopback)."""
+    user = serve_config.default_config("/models/tiny", gpus=1)
+    assert "listen_address" not in user["explorer"]
+    closed, _ = serve_config.effective(user, run_dir="/r", ray_address="127.0.0.1:1", proxy_port=8010)
+    opened, _ = serve_config.effective(user, run_dir="/r", ray_address="127.0.0.1:1", proxy_port=8010, expose=True)
+    assert closed["explorer"]["listen_address"] == "127.0.0.1" and opened["explorer"]["listen_address"] == "0.0.0.0"

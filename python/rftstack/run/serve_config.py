@@ -198,10 +198,8 @@ def default_config(model_path: str, *, gpus: int) -> dict:
         "name": "tiny-serve",
         "model": {"model_path": model_path, "max_model_len": 2048},
         "cluster": {"node_num": 1, "gpu_per_node": max(gpus, 1)},
-        "explorer": {
-            "listen_address": LOOPBACK,
-            "rollout_model": {"engine_num": 1, "enable_openai_api": True, "gpu_memory_utilization": 0.3},
-        },
+        # no listen_address: effective() puts the proxy on loopback, or with --expose on every interface
+        "explorer": {"rollout_model": {"engine_num": 1, "enable_openai_api": True, "gpu_memory_utilization": 0.3}},
         "synchronizer": {"sync_method": "checkpoint"},
     }
 
