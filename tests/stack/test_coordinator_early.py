@@ -183,3 +183,16 @@ def test_both_failing_the_models_error_is_raised_and_the_coordinators_logged(run
     assert both["error"] is not None and "the models double failed" in both["error"]
     assert "The rollout coordinator failed too" in log and "no_such_operator" in log
     assert both["alive_after"] == []
+
+
+def test_a_bad_switch_value_stops_the_import_with_one_sentence():
+    """RFTSTACK_COORDINATOR_EARLY is read when trinity/explorer/explorer.py is imported: 1 (the
+    default) or 0; another value stops the import, so the Explorer's start, with one sentence."""
+    from trinity.explorer import explorer
+
+    assert explorer.coordinator_early_enabled({}) is True
+    assert explorer.coordinator_early_enabled({"RFTSTACK_COORDINATOR_EARLY": "0"}) is False
+    out = subprocess.run([sys.executable, "-c", "import trinity.explorer.explorer"], capture_output=True, text=True,
+                         env={**os.environ, "RFTSTACK_COORDINATOR_EARLY": "yes"}, timeout=300)  # fmt: skip
+    assert out.returncode != 0
+    assert "RFTSTACK_COORDINATOR_EARLY must be 1 (start the rollout coordinator while the models start, the default) or 0" in out.stderr
