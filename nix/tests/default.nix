@@ -130,7 +130,7 @@ in
         verlEdited = has "dist-info-edit.sh 'py' \"[$]out/lib/site\" 'verl' '0.8.0' --replace 'numpy<2.0.0'" out.verl.postInstall;
         verlPatched = has "patches.py' \"[$]out/lib/site\" --policy '[^']*policy.toml' --patches '[^']*rftstack-patches' --dist 'verl'" out.verl.postInstall;
       };
-      expected = { dists = [ "torch" "trinity-rft" "uvicorn" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlPatched = true; };
+      expected = { dists = [ "ray" "torch" "trinity-rft" "uvicorn" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlPatched = true; };
     };
   testQuoting = { expr = policyLib.q "it's"; expected = "'it'\\''s'"; };
   testGlobToEre = { expr = policyLib.globToEre "nvidia-*-cu12"; expected = "nvidia-[A-Za-z0-9._-]*-cu12"; };
