@@ -61,6 +61,7 @@ def site(tmp_path, published_wheels) -> Path:
                 z.extractall(site, [n for n in z.namelist() if ".dist-info/" in n.split("/", 1)[0] + "/"
                                     or n == "verl/utils/attention_utils.py"])  # the policy patches that file  # fmt: skip
     uvicorn_helpers.add_uvicorn(site)  # the policy patches uvicorn's httptools protocol too
+    add_ray(site)  # and Ray's start_raylet (the installed copy, un-patched, with its dist-info)
     return site
 
 
@@ -197,7 +198,7 @@ def test_standalone_script_runs_on_a_bare_python(torch_site, tmp_path):
 
 # --- [[patch]]: relax applies the policy's source patches too ----------------------------------
 
-from patch_helpers import TORCH_REL, add_torch
+from patch_helpers import TORCH_REL, add_ray, add_torch
 import uvicorn_helpers
 from patch_helpers import torch_patch as _torch_patch
 
