@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from rftstack.stack import patches, policy
+from rftstack.stack import policy
+
+from patch_helpers import installed_without
 
 VAR = "RFTSTACK_ENGINE_EXECUTOR"
 REL = "trinity/common/models/vllm_model.py"
@@ -88,15 +90,10 @@ def the_patch() -> policy.Patch:
 @pytest.fixture(scope="module")
 def published_module(tmp_path_factory) -> Path:
     """The installed vllm_model.py with this patch reversed: Trinity's as published."""
-    import trinity
-
-    text = (Path(trinity.__file__).parents[1] / REL).read_text()
-    assert f'EXECUTOR_VAR = "{VAR}"' in text, "the installed Trinity lacks the executor patch: run `rftstack relax`"
-    (fp,) = patches.parse((patches.patches_dir() / the_patch().file).read_text())
-    text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+    installed, path = installed_without(the_patch().file, REL, tmp_path_factory.mktemp("published"), "vllm_model_as_published.py")
+    assert f'EXECUTOR_VAR = "{VAR}"' in installed, "the installed Trinity lacks the executor patch: run `rftstack relax`"
+    text = path.read_text()
     assert VAR not in text and 'distributed_executor_backend="mp",' in text
-    path = tmp_path_factory.mktemp("published") / "vllm_model_as_published.py"
-    path.write_text(text)
     return path
 
 

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from rftstack.stack import patches, policy
+from rftstack.stack import policy
 
+from patch_helpers import installed_without
 from proxy_helpers import Proxy
 
 VAR = "RFTSTACK_PROXY_GC"
@@ -70,15 +71,9 @@ def the_patch() -> policy.Patch:
 @pytest.fixture(scope="module")
 def published_app(tmp_path_factory) -> Path:
     """The installed app.py with this patch reversed (the other patches kept): Trinity as published here."""
-    import trinity
-
-    text = (Path(trinity.__file__).parents[1] / REL).read_text()
-    assert f'GC_VAR = "{VAR}"' in text, "the installed Trinity lacks the gc patch: run `rftstack relax`"
-    (fp,) = patches.parse((patches.patches_dir() / the_patch().file).read_text())
-    text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
-    assert VAR not in text
-    path = tmp_path_factory.mktemp("published") / "app_as_published.py"
-    path.write_text(text)
+    installed, path = installed_without(the_patch().file, REL, tmp_path_factory.mktemp("published"), "app_as_published.py")
+    assert f'GC_VAR = "{VAR}"' in installed, "the installed Trinity lacks the gc patch: run `rftstack relax`"
+    assert VAR not in path.read_text()
     return path
 
 
