@@ -376,8 +376,7 @@ class Serve:
         if args.ray_address:
             if args.warm_workers:
                 raise UserError("--warm-workers starts idle workers with this serve's own Ray head; leave out --ray-address or --warm-workers")
-            plan.head_env = dict(plan.proxy_env)
-            return
+            return  # no own head: nothing is started with head_env
         plan.warm_workers = warm_workers.actor_count(plan.preflight_cfg) if asked is None else asked
         # the engine actors inherit the head's environment (not trinity's): the loopback settings go there too
         plan.head_env = {**serve_config.loopback_env(), **plan.proxy_env}

@@ -26,6 +26,7 @@ import os
 
 from rftstack import dotted
 from rftstack.errors import UserError
+from rftstack.run import serve_config
 
 PRELOAD = (
     "trinity.explorer.explorer",
@@ -59,9 +60,8 @@ def trinity_env(cfg: dict, *, cwd: str, environ: dict[str, str]) -> dict[str, st
     """The variables Trinity's ``config.get_envs()`` gives for ``cfg`` once its config check has run
     with ``cwd`` as the working directory (Trinity 0.6.0: a relative checkpoint_root_dir is joined to
     it; log.save_dir is always <checkpoint_job_dir>/log)."""
-    root = dotted.get(cfg, "checkpoint_root_dir") or ""
-    root = root if os.path.isabs(root) else os.path.join(cwd, root)
-    job = os.path.join(root, dotted.get(cfg, "project") or "Trinity-RFT", dotted.get(cfg, "group") or "", dotted.get(cfg, "name") or "rft")
+    root = cfg.get("checkpoint_root_dir") or ""
+    job = serve_config.job_dir({**cfg, "checkpoint_root_dir": os.path.join(cwd, root)})  # an absolute root stays as it is
     return {
         "TRINITY_PLUGIN_DIRS": environ.get("TRINITY_PLUGIN_DIRS", ""),
         "TRINITY_LOG_LEVEL": str(dotted.get(cfg, "log.level") or "INFO"),
