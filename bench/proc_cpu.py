@@ -1,0 +1,89 @@
+"""CPU time of every process (and of the threads of the busiest ones) over a window, from /proc.
+
+A snapshot reads utime + stime of each /proc/<pid>/stat and of each thread's /proc/<pid>/task/<tid>/stat,
+with the process's command line (Ray and vLLM retitle their processes: ``ray::Explorer``,
+``VLLM::EngineCore``) and each thread's name. :func:`window` turns two snapshots into: per process its CPU
+seconds and cores used (CPU s / wall s), sorted, and per process its busiest threads (a process whose one
+thread is near 1.0 core is bound by that thread: an event loop, or the GIL).
+
+    from proc_cpu import snapshot, window
+    a = snapshot(); ...; b = snapshot(); window(a, b, wall_s)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+PROC = Path("/proc")
+
+
+def _ticks(stat_text: str) -> int:
+    """utime + stime of one ``stat`` file's text (fields after the command in parentheses)."""
+    fields = stat_text.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _title(pid: str) -> str:
+    try:
+        raw = (PROC / pid / "cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+
+
+def snapshot(proc: Path = PROC) -> dict[int, dict]:
+    """{pid: {"title", "ticks", "threads": {tid: (name, ticks)}}} of every process readable now."""
+    out: dict[int, dict] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ticks = _ticks((entry / "stat").read_text())
+            threads = {}
+            for task in (entry / "task").iterdir():
+                try:
+                    threads[int(task.name)] = ((task / "comm").read_text().strip(), _ticks((task / "stat").read_text()))
+                except (OSError, IndexError, ValueError):
+                    continue
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+        out[int(entry.name)] = {"title": _title(entry.name), "ticks": ticks, "threads": threads}
+    return out
+
+
+def window(before: dict[int, dict], after: dict[int, dict], wall_s: float, *, top: int = 12,
+           threads: int = 4, responses: int | None = None) -> list[dict]:
+    """The ``top`` processes by CPU between two snapshots (processes in both), each with its CPU seconds,
+    cores (CPU s / ``wall_s``), CPU ms per response when ``responses`` is given, and its ``threads`` busiest
+    threads (tid, name, CPU s, cores)."""
+    rows = []
+    for pid, b in after.items():
+        a = before.get(pid)
+        if a is None:
+            continue
+        cpu = (b["ticks"] - a["ticks"]) / TICK
+        if cpu <= 0:
+            continue
+        ths = []
+        for tid, (name, ticks) in b["threads"].items():
+            prev = a["threads"].get(tid)
+            if prev is None:
+                continue
+            t_cpu = (ticks - prev[1]) / TICK
+            if t_cpu > 0:
+                ths.append({"tid": tid, "name": name, "cpu_s": round(t_cpu, 2), "cores": round(t_cpu / wall_s, 3)})
+        ths.sort(key=lambda t: -t["cpu_s"])
+        row = {"pid": pid, "title": b["title"], "cpu_s": round(cpu, 2), "cores": round(cpu / wall_s, 3),
+               "threads_busy": len(ths), "top_threads": ths[:threads]}
+        if responses:
+            row["cpu_ms_per_response"] = round(1000 * cpu / responses, 3)
+        rows.append(row)
+    rows.sort(key=lambda r: -r["cpu_s"])
+    return rows[:top]
+
+
+def find(snap: dict[int, dict], prefix: str) -> list[int]:
+    """The pids whose command line starts with ``prefix`` (e.g. ``ray::Explorer``)."""
+    return sorted(pid for pid, p in snap.items() if p["title"].startswith(prefix))

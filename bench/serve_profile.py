@@ -1,0 +1,313 @@
+"""Where the time goes when `rftstack serve` is under load (GPU host): the proxy's ceiling, explained.
+
+One `rftstack serve` of the model (serve_vs_bare.py's config: the report's, on loopback), then for each
+concurrency level a closed loop of clients for ``--warmup-s`` + ``--window-s``:
+
+  proxy    through Trinity's proxy (as users call it)
+  engine   straight to the vLLM OpenAI server inside Trinity's engine actor, with what the proxy adds to
+           every request (logprobs, return_token_ids): the engine's own rate at that concurrency
+
+Per window: responses/s, p50/p99 latency, and the CPU of every process from /proc (bench/proc_cpu.py: cores
+used, CPU ms per response, the busiest threads; a thread near 1.0 core is a bound). With ``--py-spy``, the
+Explorer actor (where the proxy's event loop runs) is sampled during one more proxy window at the first
+level (``--nonblocking --threads``): categories and stages (bench/proxy_profile.py's rules) of its busiest
+thread, CPU ms per response by stage from that thread's /proc time. With ``--bare``, the same windows against
+bare ``vllm serve`` afterwards (its API server and EngineCore's CPU).
+
+    python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/profile-qwen3b.json \\
+        [--concurrency 32,64] [--window-s 8] [--py-spy /tmp/py-spy] [--bare]
+
+Writes the JSON (after every window), the serve's log next to it, and the collapsed stacks (gzip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import loadgen  # noqa: E402
+import proc_cpu  # noqa: E402
+import proxy_profile as pp  # noqa: E402
+import serve_vs_bare as svb  # noqa: E402
+
+
+class Loop:
+    """A closed loop of ``concurrency`` clients in a thread of this process; each completion's time, ok, latency."""
+
+    def __init__(self, base: str, model: str, concurrency: int, max_tokens: int, like_proxy: bool) -> None:
+        self.base, self.model, self.concurrency = base, model, concurrency
+        self.max_tokens, self.like_proxy = max_tokens, like_proxy
+        self.done: list[tuple[float, bool, float]] = []
+        self.stop = False
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        url = self.base.rstrip("/") + "/v1/chat/completions"
+        ps = loadgen.prompts()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.concurrency)) as s:
+            async def client(k: int) -> None:
+                i = k
+                while not self.stop:
+                    body = loadgen.request_body(self.model, ps[i % len(ps)], self.max_tokens, temperature=1.0,
+                                                like_proxy=self.like_proxy)
+                    r = await loadgen._one(s, url, body, 60)
+                    self.done.append((time.monotonic(), r["ok"], r["latency_s"]))
+                    i += self.concurrency
+            await asyncio.gather(*(client(k) for k in range(self.concurrency)))
+
+    def between(self, t0: float, t1: float) -> dict:
+        xs = [(ok, lat) for t, ok, lat in list(self.done) if t0 <= t < t1]
+        lats = sorted(lat for ok, lat in xs if ok)
+        ok = len(lats)
+
+        def q(p: float) -> float | None:
+            return round(lats[min(len(lats) - 1, int(p * len(lats)))], 4) if lats else None
+        return {"responses": ok, "errors": len(xs) - ok, "responses_per_s": round(ok / (t1 - t0), 2),
+                "output_tokens_per_s": round(ok * self.max_tokens / (t1 - t0), 1),
+                "latency_s": {"p50": q(0.5), "p99": q(0.99), "mean": round(statistics.fmean(lats), 4) if lats else None}}
+
+
+def measured_window(loop: Loop, seconds: float, during=None) -> dict:
+    """``seconds`` of the running loop (``during``, a callable, runs instead of the sleep): its rate and
+    every process's CPU."""
+    a = proc_cpu.snapshot()
+    t0 = time.monotonic()
+    extra = None
+    if during:
+        extra = during()
+    else:
+        time.sleep(seconds)
+    t1 = time.monotonic()
+    b = proc_cpu.snapshot()
+    out = loop.between(t0, t1)
+    out["wall_s"] = round(t1 - t0, 2)
+    out["processes"] = proc_cpu.window(a, b, t1 - t0, responses=out["responses"] or None)
+    if extra is not None:
+        out["during"] = extra
+    return out
+
+
+def run_loop(base: str, model: str, c: int, args, like_proxy: bool, during=None) -> dict:
+    loop = Loop(base, model, c, args.max_tokens, like_proxy)
+    loop.thread.start()
+    try:
+        time.sleep(args.warmup_s)
+        return measured_window(loop, args.window_s, during)
+    finally:
+        loop.stop = True
+        loop.thread.join(timeout=90)
+
+
+def py_spy_record(py_spy: list[str], pid: int, seconds: int, rate: int, raw: Path) -> dict:
+    cmd = [*py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate), "--format", "raw",
+           "--threads", "--full-filenames", "--nonblocking", "-o", str(raw)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
+    return {"command": " ".join(cmd), "rc": p.returncode, "stderr_tail": (p.stderr or "").strip().splitlines()[-3:]}
+
+
+def thread_profile(stacks: list[tuple[list[str], int]], tid_cpu: dict[int, float], responses: int) -> dict:
+    """Per sampled thread: samples, categories; for the thread with the most samples outside epoll (the
+    event loop), the stages of a response, in CPU ms per response from that thread's /proc time."""
+    by_tid: dict[int, list[tuple[list[str], int]]] = {}
+    names: dict[int, str] = {}
+    for frames, n in stacks:
+        root = frames[0] if frames and frames[0].startswith("thread (") else ""
+        tid = int(root[len("thread ("):].split(")", 1)[0]) if root else 0
+        names[tid] = root.split(": ", 1)[1] if ": " in root else ""
+        by_tid.setdefault(tid, []).append((frames[1:] if root else frames, n))
+    threads = {}
+    for tid, st in by_tid.items():
+        cats: Counter = Counter()
+        for frames, n in st:
+            cats[pp.categorise(frames)] += n
+        threads[tid] = {"name": names[tid], "samples": sum(cats.values()), "busy_samples": sum(v for k, v in cats.items() if k != pp.EPOLL),
+                        "cpu_s": tid_cpu.get(tid), "categories": dict(cats.most_common(12))}
+    if not threads:
+        return {"threads": {}}
+    loop_tid = max(threads, key=lambda t: threads[t]["busy_samples"])
+    counts: Counter = Counter()
+    for frames, n in by_tid[loop_tid]:
+        if pp.categorise(frames) != pp.EPOLL:
+            counts[pp.stage(frames)] += n
+    busy = sum(counts.values())
+    per = 1000 * (tid_cpu.get(loop_tid) or 0.0) / responses if responses else 0.0
+    return {"threads": {str(k): v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]["samples"])},
+            "loop_thread": {"tid": loop_tid, "name": threads[loop_tid]["name"], "cpu_ms_per_response": round(per, 3),
+                            "cpu_ms_per_response_by_stage": {k: round(v / busy * per, 3) for k, v in counts.most_common()} if busy else {}}}
+
+
+def profile_explorer(base: str, model: str, c: int, args, py_spy: list[str], out_dir: Path) -> dict:
+    snap = proc_cpu.snapshot()
+    pids = proc_cpu.find(snap, "ray::Explorer")
+    if not pids:
+        return {"error": "no ray::Explorer process found"}
+    pid = pids[0]
+    raw = out_dir / f"explorer-{pid}.raw.txt"
+    res: dict = {"pid": pid}
+
+    def during() -> dict:
+        a = proc_cpu.snapshot()
+        rec = py_spy_record(py_spy, pid, args.py_spy_s, args.rate, raw)
+        b = proc_cpu.snapshot()
+        rec["tid_cpu_s"] = {tid: (t[1] - a[pid]["threads"].get(tid, (None, t[1]))[1]) / proc_cpu.TICK
+                            for tid, t in b.get(pid, {"threads": {}})["threads"].items()}
+        return rec
+    w = run_loop(base, model, c, args, like_proxy=False, during=during)
+    rec = w.pop("during")
+    tid_cpu = rec.pop("tid_cpu_s")
+    res.update(window=w, py_spy=rec)
+    if rec["rc"] != 0 or not raw.exists():
+        res["error"] = "py-spy could not record the Explorer (needs ptrace: root, or kernel.yama.ptrace_scope=0)"
+        return res
+    stacks = pp.read_collapsed(raw.read_text())
+    (out_dir / f"explorer-c{c}.collapsed.gz").write_bytes(gzip.compress(pp.normalise(stacks).encode(), mtime=0))
+    raw.unlink()
+    res.update(thread_profile(stacks, tid_cpu, w["responses"]))
+    res["top_self"] = pp.summarise(stacks)["top_self"]
+    return res
+
+
+def serve_phase(args, result: dict, out: Path, save) -> None:
+    work = out.parent / f"{out.stem}-work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    port = svb.free_port()
+    cfg = svb.trinity_config(work / "serve.yaml", model=Path(args.model).resolve(), label=out.stem,
+                             max_model_len=args.max_model_len, gpu_util=args.gpu_util, proxy_port=port,
+                             ckpt=work / "ckpt", db_url=None)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
+    before = svb.listening_ports()
+    proc = svb.Proc([sys.executable, "-m", "rftstack", "serve", "-c", str(cfg), "--run-dir", str(work / "run"), *args.serve_args.split()],
+                    out.parent / f"{out.stem}-serve.log", env)
+    ph: dict = {"config": str(cfg)}
+    result["serve"] = ph
+    try:
+        base = f"http://127.0.0.1:{port}"
+        ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
+        save()
+        if not ph["ready"]["ready"]:
+            ph["log_tail"] = proc.tail(40)
+            return
+        model = ph["ready"]["model"]
+        engines = svb.find_openai_servers(svb.listening_ports() - before, exclude={port})
+        ph["engine_urls"] = engines
+        ph["levels"] = {}
+        for c in args.levels:
+            lv = ph["levels"][str(c)] = {}
+            lv["proxy"] = run_loop(base, model, c, args, like_proxy=False)
+            say(f"c={c} proxy: {summary_line(lv['proxy'])}")
+            save()
+            if engines:
+                lv["engine"] = run_loop(engines[0], model, c, args, like_proxy=True)
+                say(f"c={c} engine direct: {summary_line(lv['engine'])}")
+                save()
+        if args.py_spy:
+            ph["explorer_profile"] = profile_explorer(base, model, args.levels[-1], args, args.py_spy, out.parent)
+            say(f"explorer profile: {json.dumps(ph['explorer_profile'].get('loop_thread') or ph['explorer_profile'].get('error'))}")
+            save()
+    finally:
+        ph["stop"] = proc.stop(grace_s=30)
+        ph["ray_stop"] = svb.ray_stop_force()
+        ph["gpu_memory_after_mib"] = svb.wait_gpu_free()
+        save()
+
+
+def bare_phase(args, result: dict, out: Path, save) -> None:
+    port = svb.free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = ["vllm", "serve", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
+            str(args.gpu_util), "--max-model-len", str(args.max_model_len)]
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare.log", {**os.environ, "PYTHONUNBUFFERED": "1"})
+    ph: dict = {"argv": argv}
+    result["bare"] = ph
+    try:
+        ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
+        save()
+        if not ph["ready"]["ready"]:
+            ph["log_tail"] = proc.tail(40)
+            return
+        ph["levels"] = {}
+        for c in args.levels:
+            ph["levels"][str(c)] = {"bare": run_loop(base, ph["ready"]["model"], c, args, like_proxy=False)}
+            say(f"c={c} bare: {summary_line(ph['levels'][str(c)]['bare'])}")
+            save()
+    finally:
+        ph["stop"] = proc.stop(grace_s=20)
+        ph["gpu_memory_after_mib"] = svb.wait_gpu_free()
+        save()
+
+
+def summary_line(w: dict) -> str:
+    procs = ", ".join(f"{p['title'][:28]} {p['cores']} cores (top thread {p['top_threads'][0]['cores'] if p['top_threads'] else 0})"
+                      for p in w["processes"][:4])
+    return f"{w['responses_per_s']} resp/s, p50 {w['latency_s']['p50']} s, p99 {w['latency_s']['p99']} s, errors {w['errors']}; {procs}"
+
+
+def say(msg: str) -> None:
+    print(f"[serve_profile {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True, help="result JSON")
+    ap.add_argument("--concurrency", default="32,64")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--warmup-s", type=float, default=3.0)
+    ap.add_argument("--window-s", type=float, default=8.0)
+    ap.add_argument("--py-spy", default=None, help="the py-spy command: profile the Explorer actor at the last level")
+    ap.add_argument("--py-spy-s", type=int, default=8)
+    ap.add_argument("--rate", type=int, default=100)
+    ap.add_argument("--bare", action="store_true", help="also bare `vllm serve`, after the serve")
+    ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
+    ap.add_argument("--gpu-util", type=float, default=0.6)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--ready-timeout", type=float, default=300)
+    args = ap.parse_args(argv)
+    try:
+        args.levels = loadgen.parse_levels(args.concurrency)
+    except SystemExit as exc:  # loadgen's one sentence
+        print(str(exc).replace("loadgen:", "serve_profile:", 1), file=sys.stderr)
+        return 2
+    if args.warmup_s < 0 or args.window_s <= 0 or args.py_spy_s < 1 or args.rate < 1:
+        print("serve_profile: --window-s, --py-spy-s and --rate must be positive, --warmup-s not negative", file=sys.stderr)
+        return 2
+    if args.py_spy:
+        args.py_spy = pp.resolve_py_spy(args.py_spy)
+        if args.py_spy is None:
+            print(f"serve_profile: {pp.PY_SPY_FIX}", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+                    "command": " ".join([sys.executable, *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "model": str(Path(args.model).resolve()), "max_tokens": args.max_tokens, "window_s": args.window_s}
+
+    def save() -> None:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    serve_phase(args, result, out, save)
+    if args.bare:
+        bare_phase(args, result, out, save)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

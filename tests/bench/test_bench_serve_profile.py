@@ -1,0 +1,140 @@
+"""bench/proc_cpu.py and bench/serve_profile.py's pieces that run without a GPU: the /proc CPU windows
+(against real processes of this machine that burn a known amount of CPU), the closed loop's window
+(against the TEST DOUBLE OpenAI server, bench/openai_double.py) and the thread profile of a real py-spy
+recording of a real asyncio event loop in a thread (as a Ray async actor runs it). The serve itself needs
+the GPU host (bench/README.md)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import proc_cpu
+import proxy_overhead as po
+import serve_profile as sp
+
+REPO = Path(__file__).resolve().parents[2]
+SPIN = r"""
+import threading, time, sys
+def spin(seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        sum(range(1000))
+t = threading.Thread(target=spin, args=(60,), name="burner", daemon=True)
+t.start()
+print("go", flush=True)
+time.sleep(60)
+"""
+
+
+def test_window_finds_a_busy_thread_and_the_idle_rest(tmp_path):
+    """A child with one thread spinning: its process uses about one core, that thread carries it, its main
+    thread (sleeping) none; the window names it by its command line."""
+    (tmp_path / "spin.py").write_text(SPIN)
+    child = subprocess.Popen([sys.executable, str(tmp_path / "spin.py"), "spinner-marker"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "go"
+        a = proc_cpu.snapshot()
+        t0 = time.monotonic()
+        time.sleep(1.5)
+        b = proc_cpu.snapshot()
+        rows = proc_cpu.window(a, b, time.monotonic() - t0, top=50, responses=10)
+        mine = next(r for r in rows if r["pid"] == child.pid)
+        assert "spinner-marker" in mine["title"]
+        assert 0.5 < mine["cores"] <= 1.1  # one thread's worth (2 shared cores here)
+        top = mine["top_threads"][0]
+        assert top["tid"] != child.pid and top["cores"] > 0.5
+        assert mine["cpu_ms_per_response"] == pytest.approx(1000 * mine["cpu_s"] / 10, rel=0.01)
+        assert child.pid in proc_cpu.find(b, f"{sys.executable} {tmp_path / 'spin.py'}")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_gone_or_new_between_snapshots_is_left_out():
+    a = proc_cpu.snapshot()
+    child = subprocess.Popen([sys.executable, "-c", "sum(range(10**7))"])
+    child.wait()
+    b = proc_cpu.snapshot()
+    assert child.pid not in {r["pid"] for r in proc_cpu.window(a, b, 1.0, top=10_000)}
+
+
+def test_the_loop_window_counts_responses_and_latency(tmp_path):
+    """The closed loop against the TEST DOUBLE: every response counted once, latencies, no errors."""
+    double, url = po.start_double(tmp_path)
+    try:
+        loop = sp.Loop(url, "double", 4, 8, like_proxy=True)
+        loop.thread.start()
+        try:
+            time.sleep(0.5)
+            w = sp.measured_window(loop, 1.0)
+        finally:
+            loop.stop = True
+            loop.thread.join(timeout=30)
+        assert w["responses"] > 0 and w["errors"] == 0
+        assert w["responses_per_s"] == pytest.approx(w["responses"] / w["wall_s"], rel=0.05)
+        assert w["output_tokens_per_s"] == pytest.approx(8 * w["responses_per_s"], rel=0.05)
+        assert 0 < w["latency_s"]["p50"] <= w["latency_s"]["p99"]
+        assert w["processes"] and all(p["cpu_s"] > 0 for p in w["processes"])
+    finally:
+        po.stop(double)
+
+
+LOOP_IN_THREAD = r"""
+import asyncio, threading, time
+async def busy():
+    while True:
+        end = time.time() + 0.02
+        while time.time() < end:
+            sum(range(200))
+        await asyncio.sleep(0.005)
+def run():
+    asyncio.run(busy())
+threading.Thread(target=run, name="AsyncIO Thread: default", daemon=True).start()
+print("go", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not shutil.which("py-spy") and not (Path(sys.executable).parent / "py-spy").exists(),
+                    reason="py-spy is not installed (the dev group has it)")
+def test_thread_profile_picks_the_event_loop_thread(tmp_path):
+    """A real py-spy recording of a process whose asyncio loop runs in a named thread (as in a Ray async
+    actor): the busy thread is that loop's, by tid and name, and its CPU per response is split by stage."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    child = subprocess.Popen([sys.executable, "-c", LOOP_IN_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "go"
+        raw = tmp_path / "raw.txt"
+        a = proc_cpu.snapshot()
+        rec = sp.py_spy_record([py_spy], child.pid, 2, 50, raw)
+        b = proc_cpu.snapshot()
+        if rec["rc"] != 0:
+            pytest.skip(f"py-spy cannot attach here: {rec['stderr_tail']}")
+        tid_cpu = {tid: (t[1] - a[child.pid]["threads"][tid][1]) / proc_cpu.TICK
+                   for tid, t in b[child.pid]["threads"].items() if tid in a[child.pid]["threads"]}
+        prof = sp.thread_profile(sp.pp.read_collapsed(raw.read_text()), tid_cpu, responses=100)
+        loop = prof["loop_thread"]
+        assert loop["name"] == "AsyncIO Thread: default" and loop["tid"] != child.pid
+        assert loop["cpu_ms_per_response"] == pytest.approx(1000 * tid_cpu[loop["tid"]] / 100, rel=0.01)
+        assert sum(loop["cpu_ms_per_response_by_stage"].values()) == pytest.approx(loop["cpu_ms_per_response"], rel=0.02)
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--concurrency", "0"], "--concurrency"),
+    (["--window-s", "0"], "must be positive"),
+    (["--py-spy", "no-such-py-spy-here"], "py-spy is not available"),
+])
+def test_bad_input_is_one_sentence(tmp_path, argv, says):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "serve_profile.py"), "--model", str(tmp_path),
+                        "--out", str(tmp_path / "o.json"), *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.json").exists()
