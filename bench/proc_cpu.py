@@ -85,5 +85,8 @@ def window(before: dict[int, dict], after: dict[int, dict], wall_s: float, *, to
 
 
 def find(snap: dict[int, dict], prefix: str) -> list[int]:
-    """The pids whose command line starts with ``prefix`` (e.g. ``ray::Explorer``)."""
+    """The pids whose command line starts with ``prefix`` (e.g. ``ray::Explorer``); a prefix that starts
+    with ``*`` matches anywhere in the command line (``*vllm serve``)."""
+    if prefix.startswith("*"):
+        return sorted(pid for pid, p in snap.items() if prefix[1:] in p["title"])
     return sorted(pid for pid, p in snap.items() if p["title"].startswith(prefix))

@@ -9,10 +9,12 @@ concurrency level a closed loop of clients for ``--warmup-s`` + ``--window-s``:
 
 Per window: responses/s, p50/p99 latency, and the CPU of every process from /proc (bench/proc_cpu.py: cores
 used, CPU ms per response, the busiest threads; a thread near 1.0 core is a bound). With ``--py-spy``, the
-Explorer actor (where the proxy's event loop runs) is sampled during one more proxy window at the first
-level (``--nonblocking --threads``): categories and stages (bench/proxy_profile.py's rules) of its busiest
-thread, CPU ms per response by stage from that thread's /proc time. With ``--bare``, the same windows against
-bare ``vllm serve`` afterwards (its API server and EngineCore's CPU).
+Explorer actor (the proxy's event loop), the engine actor (vLLM's OpenAI server and AsyncLLM) and the
+EngineCore are sampled together during one more proxy window at the last level (``--nonblocking --threads``):
+per process its threads, and its busiest thread's stages (bench/proxy_profile.py's rules) in CPU ms per response
+from that thread's /proc time. With ``--bare``, the same windows against
+bare ``vllm serve`` afterwards, plain and
+like the proxy (its API server and EngineCore's CPU; with ``--py-spy`` both sampled, like the proxy).
 
     python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/profile-qwen3b.json \\
         [--concurrency 32,64] [--window-s 8] [--py-spy /tmp/py-spy] [--bare]
@@ -152,34 +154,52 @@ def thread_profile(stacks: list[tuple[list[str], int]], tid_cpu: dict[int, float
                             "cpu_ms_per_response_by_stage": {k: round(v / busy * per, 3) for k, v in counts.most_common()} if busy else {}}}
 
 
-def profile_explorer(base: str, model: str, c: int, args, py_spy: list[str], out_dir: Path) -> dict:
+def profile_targets(base: str, model: str, c: int, args, py_spy: list[str], out_dir: Path, targets: list[str],
+                    label: str, like_proxy: bool = False) -> dict:
+    """One more window at concurrency ``c`` against ``base``, with py-spy recording each process whose
+    command line starts with one of ``targets`` (bench/proc_cpu.py ``find``) at the same time; per target its
+    threads and its busiest thread's stages."""
     snap = proc_cpu.snapshot()
-    pids = proc_cpu.find(snap, "ray::Explorer")
-    if not pids:
-        return {"error": "no ray::Explorer process found"}
-    pid = pids[0]
-    raw = out_dir / f"explorer-{pid}.raw.txt"
-    res: dict = {"pid": pid}
+    pids = {t: proc_cpu.find(snap, t)[:1] for t in targets}
+    found = {t: p[0] for t, p in pids.items() if p}
+    res: dict = {"targets": {t: {"error": "no such process"} for t in targets if t not in found}}
+    if not found:
+        return res
+    raws = {t: out_dir / f"{label}-{pid}.raw.txt" for t, pid in found.items()}
 
     def during() -> dict:
         a = proc_cpu.snapshot()
-        rec = py_spy_record(py_spy, pid, args.py_spy_s, args.rate, raw)
+        recs: dict = {}
+        threads = [threading.Thread(target=lambda t=t: recs.__setitem__(t, py_spy_record(py_spy, found[t], args.py_spy_s, args.rate, raws[t])))
+                   for t in found]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
         b = proc_cpu.snapshot()
-        rec["tid_cpu_s"] = {tid: (t[1] - a[pid]["threads"].get(tid, (None, t[1]))[1]) / proc_cpu.TICK
-                            for tid, t in b.get(pid, {"threads": {}})["threads"].items()}
-        return rec
-    w = run_loop(base, model, c, args, like_proxy=False, during=during)
-    rec = w.pop("during")
-    tid_cpu = rec.pop("tid_cpu_s")
-    res.update(window=w, py_spy=rec)
-    if rec["rc"] != 0 or not raw.exists():
-        res["error"] = "py-spy could not record the Explorer (needs ptrace: root, or kernel.yama.ptrace_scope=0)"
-        return res
-    stacks = pp.read_collapsed(raw.read_text())
-    (out_dir / f"explorer-c{c}.collapsed.gz").write_bytes(gzip.compress(pp.normalise(stacks).encode(), mtime=0))
-    raw.unlink()
-    res.update(thread_profile(stacks, tid_cpu, w["responses"]))
-    res["top_self"] = pp.summarise(stacks)["top_self"]
+        for t, pid in found.items():
+            before = a.get(pid, {"threads": {}})["threads"]
+            recs[t]["tid_cpu_s"] = {tid: (v[1] - before.get(tid, (None, v[1]))[1]) / proc_cpu.TICK
+                                    for tid, v in b.get(pid, {"threads": {}})["threads"].items()}
+        return recs
+    w = run_loop(base, model, c, args, like_proxy=like_proxy, during=during)
+    recs = w.pop("during")
+    res["window"] = w
+    for t, pid in found.items():
+        rec = recs[t]
+        tid_cpu = rec.pop("tid_cpu_s")
+        r: dict = {"pid": pid, "py_spy": rec}
+        res["targets"][t] = r
+        raw = raws[t]
+        if rec["rc"] != 0 or not raw.exists():
+            r["error"] = "py-spy could not record it (needs ptrace: root, or kernel.yama.ptrace_scope=0)"
+            continue
+        stacks = pp.read_collapsed(raw.read_text())
+        name = t.strip("*").replace("::", "-").replace(" ", "-").replace("/", "")
+        (out_dir / f"{label}-{name}-c{c}.collapsed.gz").write_bytes(gzip.compress(pp.normalise(stacks).encode(), mtime=0))
+        raw.unlink()
+        r.update(thread_profile(stacks, tid_cpu, w["responses"]))
+        r["top_self"] = pp.summarise(stacks, top=25)["top_self"]
     return res
 
 
@@ -218,8 +238,10 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
                 say(f"c={c} engine direct: {summary_line(lv['engine'])}")
                 save()
         if args.py_spy:
-            ph["explorer_profile"] = profile_explorer(base, model, args.levels[-1], args, args.py_spy, out.parent)
-            say(f"explorer profile: {json.dumps(ph['explorer_profile'].get('loop_thread') or ph['explorer_profile'].get('error'))}")
+            prof = ph["profile"] = profile_targets(base, model, args.levels[-1], args, args.py_spy, out.parent,
+                                                   ["ray::Explorer", "ray::vLLMRolloutModel", "VLLM::EngineCore"], "serve")
+            for t, r in prof["targets"].items():
+                say(f"profile {t}: {json.dumps(r.get('loop_thread') or r.get('error'))}")
             save()
     finally:
         ph["stop"] = proc.stop(grace_s=30)
@@ -233,7 +255,8 @@ def bare_phase(args, result: dict, out: Path, save) -> None:
     base = f"http://127.0.0.1:{port}"
     argv = ["vllm", "serve", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
             str(args.gpu_util), "--max-model-len", str(args.max_model_len)]
-    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare.log", {**os.environ, "PYTHONUNBUFFERED": "1"})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare.log", env)
     ph: dict = {"argv": argv}
     result["bare"] = ph
     try:
@@ -244,8 +267,16 @@ def bare_phase(args, result: dict, out: Path, save) -> None:
             return
         ph["levels"] = {}
         for c in args.levels:
-            ph["levels"][str(c)] = {"bare": run_loop(base, ph["ready"]["model"], c, args, like_proxy=False)}
-            say(f"c={c} bare: {summary_line(ph['levels'][str(c)]['bare'])}")
+            lv = ph["levels"][str(c)] = {"bare": run_loop(base, ph["ready"]["model"], c, args, like_proxy=False)}
+            say(f"c={c} bare: {summary_line(lv['bare'])}")
+            lv["bare_like_proxy"] = run_loop(base, ph["ready"]["model"], c, args, like_proxy=True)
+            say(f"c={c} bare, like the proxy: {summary_line(lv['bare_like_proxy'])}")
+            save()
+        if args.py_spy:
+            prof = ph["profile"] = profile_targets(base, ph["ready"]["model"], args.levels[-1], args, args.py_spy, out.parent,
+                                                   ["*vllm serve", "VLLM::EngineCore"], "bare", like_proxy=True)
+            for t, r in prof["targets"].items():
+                say(f"profile {t}: {json.dumps(r.get('loop_thread') or r.get('error'))}")
             save()
     finally:
         ph["stop"] = proc.stop(grace_s=20)

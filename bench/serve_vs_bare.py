@@ -20,6 +20,10 @@ Phases (each hard time-bounded, processes always stopped, results written after 
   trinity-nogc
            the same with RFTSTACK_PROXY_GC=0 (Python's garbage collector as it comes in the proxy's
            process, without patches/trinity-proxy-gc.patch), side by side with `trinity` in one run
+  trinity-mp
+           the same with RFTSTACK_ENGINE_EXECUTOR=mp (vLLM's worker in its own process beside the EngineCore,
+           as upstream Trinity; the default, patches/trinity-engine-uni-executor.patch, runs it inside the
+           EngineCore): time to ready and the proxy's load, side by side with `trinity` in one run
   trinity-cold
            time to ready of `rftstack serve` with RFTSTACK_WARM_WORKERS=0 (its own Ray head without
            warm workers, Trinity's job with its runtime_env: every actor in a new process, as plain
@@ -68,10 +72,11 @@ sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
 from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E402
 
+EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor.patch: auto (default) or mp
 WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
 from rftstack.doctor.netstat import free_port
 
-PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "trinity-cold", "manual")
+PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "trinity-mp", "trinity-cold", "manual")
 
 # vLLM / Trinity log lines that say where start-up time goes: name -> regex (first group: seconds)
 MARKERS = {
@@ -432,7 +437,7 @@ class Bench:
         r["startup_markers"] = markers(p.lines)
         if extra_ready:
             r.update(extra_ready)
-        if r["ready"]["ready"] and name in ("trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc") and not self.args.ready_only:
+        if r["ready"]["ready"] and name in ("trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "trinity-mp") and not self.args.ready_only:
             base = r["ready"]["base_url"]
             r["load"] = self.load(base, f"{name}-proxy", like_proxy=False, model=r["ready"]["model"])
             if self.args.spread:
@@ -481,6 +486,11 @@ class Bench:
         r["env"] = {GC_VAR: "0"}
         return r
 
+    def phase_trinity_mp(self) -> dict:
+        r = self.phase_trinity("trinity-mp", env={**self.env(), EXECUTOR_VAR: "mp"})
+        r["env"] = {EXECUTOR_VAR: "mp"}
+        return r
+
     def phase_trinity_cold(self) -> dict:
         r = self.phase_trinity("trinity-cold", env={**self.env(), WARM_VAR: "0"})
         r["env"] = {WARM_VAR: "0"}
@@ -517,9 +527,9 @@ class Bench:
 
     def run(self) -> int:
         phases = [p.strip() for p in self.args.phases.split(",") if p.strip()]
-        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "trinity-noff": 240, "trinity-nogc": 240, "trinity-cold": 240, "manual": 240}
+        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "trinity-noff": 240, "trinity-nogc": 240, "trinity-mp": 240, "trinity-cold": 240, "manual": 240}
         if self.args.ready_only:
-            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "trinity-noff": 200, "trinity-nogc": 200, "trinity-cold": 200, "manual": 200}
+            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "trinity-noff": 200, "trinity-nogc": 200, "trinity-mp": 200, "trinity-cold": 200, "manual": 200}
         for ph in phases:
             if self.remaining() < estimate[ph] * 0.5:
                 self.result["phases"][ph] = {"skipped": f"budget: {self.remaining():.0f} s left"}
@@ -573,23 +583,26 @@ def summary(result: dict) -> dict:
     ph = result["phases"]
     bare, tri, man = ph.get("bare", {}), ph.get("trinity", {}), ph.get("manual", {})
     out: dict = {"label": result["label"], "ready_s": {}, "throughput_ratio": {}}
-    for name, p in (("bare", bare), ("trinity", tri), ("trinity-cold", ph.get("trinity-cold", {})), ("manual", man)):
+    for name, p in (("bare", bare), ("trinity", tri), ("trinity-mp", ph.get("trinity-mp", {})),
+                    ("trinity-cold", ph.get("trinity-cold", {})), ("manual", man)):
         r = p.get("ready", {})
         if r.get("ready"):
             out["ready_s"][name] = r.get("first_answer_incl_ray_start_s", r["first_answer_s"])
     if "bare" in out["ready_s"]:
-        for name in ("trinity", "trinity-cold", "manual"):
+        for name in ("trinity", "trinity-mp", "trinity-cold", "manual"):
             if name in out["ready_s"]:
                 out[f"ready_ratio_{name.replace('-', '_')}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
     nogroup, noff, nogc = ph.get("trinity-nogroup", {}), ph.get("trinity-noff", {}), ph.get("trinity-nogc", {})
+    mp = ph.get("trinity-mp", {})
     out["throughput_ratio"] = _ratios(bare.get("load"), (
         ("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
         ("proxy", tri.get("load")), ("proxy_nogroup", nogroup.get("load")), ("proxy_noff", noff.get("load")),
-        ("proxy_nogc", nogc.get("load"))))
+        ("proxy_nogc", nogc.get("load")), ("proxy_mp", mp.get("load"))))
     if bare.get("load_spread"):
         out["throughput_ratio_spread"] = _ratios(bare.get("load_spread"), (
             ("proxy", tri.get("load_spread")), ("proxy_nogroup", nogroup.get("load_spread")),
-            ("proxy_noff", noff.get("load_spread")), ("proxy_nogc", nogc.get("load_spread"))))
+            ("proxy_noff", noff.get("load_spread")), ("proxy_nogc", nogc.get("load_spread")),
+            ("proxy_mp", mp.get("load_spread"))))
     return out
 
 

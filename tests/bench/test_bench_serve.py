@@ -134,17 +134,21 @@ def test_summary_ratios():
     assert "throughput_ratio_spread" not in s
 
 
-def test_summary_adds_the_cold_start_phase_next_to_trinity():
-    """trinity-cold (RFTSTACK_WARM_WORKERS=0): its time to ready beside trinity's, against bare's."""
+def test_summary_adds_the_cold_start_and_mp_phases_next_to_trinity():
+    """trinity-cold (RFTSTACK_WARM_WORKERS=0) and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): their times to
+    ready beside trinity's, against bare's."""
     result = {"label": "x", "phases": {
         "bare": {"ready": {"ready": True, "first_answer_s": 40.0}},
         "trinity": {"ready": {"ready": True, "first_answer_s": 60.0}},
+        "trinity-mp": {"ready": {"ready": True, "first_answer_s": 70.0}},
         "trinity-cold": {"ready": {"ready": True, "first_answer_s": 90.0}},
     }}
     s = svb.summary(result)
-    assert s["ready_s"] == {"bare": 40.0, "trinity": 60.0, "trinity-cold": 90.0}
+    assert s["ready_s"] == {"bare": 40.0, "trinity": 60.0, "trinity-mp": 70.0, "trinity-cold": 90.0}
     assert s["ready_ratio_trinity_vs_bare"] == 1.5 and s["ready_ratio_trinity_cold_vs_bare"] == 2.25
-    assert "trinity-cold" in svb.PHASES and hasattr(svb.Bench, "phase_trinity_cold")
+    assert s["ready_ratio_trinity_mp_vs_bare"] == 1.75
+    for phase in ("trinity-cold", "trinity-mp"):
+        assert phase in svb.PHASES and hasattr(svb.Bench, f"phase_{phase.replace('-', '_')}")
 
 
 def test_summary_adds_the_nogroup_phase_and_the_spread_load():
@@ -273,6 +277,7 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
 @pytest.mark.parametrize("phase, key, c, tps, spread, ratios, var", [
     ("trinity-noff", "noff", 64, (1000.0, 950.0, 610.0), (960.0, 700.0), (0.95, 0.61, 0.7), ("FAST_FORWARD_VAR", "RFTSTACK_PROXY_FAST_FORWARD")),
     ("trinity-nogc", "nogc", 32, (1000.0, 900.0, 800.0), (960.0, 920.0), (0.9, 0.8, 0.92), ("GC_VAR", "RFTSTACK_PROXY_GC")),
+    ("trinity-mp", "mp", 64, (1000.0, 600.0, 750.0), (700.0, 900.0), (0.6, 0.75, 0.9), ("EXECUTOR_VAR", "RFTSTACK_ENGINE_EXECUTOR")),
 ])
 def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps, spread, ratios, var):
     """The phases that run the proxy with one patch switched off get their own ratios beside the proxy's."""

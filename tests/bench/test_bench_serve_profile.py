@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -138,3 +139,28 @@ def test_bad_input_is_one_sentence(tmp_path, argv, says):
                         "--out", str(tmp_path / "o.json"), *argv], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.skipif(not shutil.which("py-spy") and not (Path(sys.executable).parent / "py-spy").exists(),
+                    reason="py-spy is not installed (the dev group has it)")
+def test_profile_targets_samples_each_named_process_under_load(tmp_path):
+    """The serve's profile window, on this machine: a closed loop against the TEST DOUBLE upstream while py-spy
+    records the processes named by command-line prefix (``*`` = anywhere): the double is found and profiled
+    (its busiest thread, stages summing to its CPU per response), a name that matches nothing is reported."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    double, url = po.start_double(tmp_path)
+    try:
+        args = SimpleNamespace(max_tokens=8, warmup_s=0.5, window_s=1.0, py_spy_s=2, rate=50)
+        res = sp.profile_targets(url, "double", 4, args, [py_spy], tmp_path, ["*openai_double.py", "ray::NoSuchActor"], "t")
+        assert res["window"]["responses"] > 0 and res["window"]["errors"] == 0
+        assert res["targets"]["ray::NoSuchActor"] == {"error": "no such process"}
+        got = res["targets"]["*openai_double.py"]
+        if got.get("error"):
+            pytest.skip(f"py-spy cannot attach here: {got['py_spy']['stderr_tail']}")
+        assert got["pid"] == double.pid
+        loop = got["loop_thread"]
+        assert loop["cpu_ms_per_response"] > 0
+        assert sum(loop["cpu_ms_per_response_by_stage"].values()) == pytest.approx(loop["cpu_ms_per_response"], rel=0.02)
+        assert (tmp_path / "t-openai_double.py-c4.collapsed.gz").exists() and not list(tmp_path.glob("*.raw.txt"))
+    finally:
+        po.stop(double)
