@@ -96,7 +96,7 @@ MARKERS: list[Marker] = [
            "doctor checks, including a Trinity config check in a subprocess that imports torch/ray/verl"),
     Marker("ray_start", "Ray head starting", "serve", None, r"^starting Ray head", "ray_head"),
     Marker("ray_up", "Ray head processes up", "serve", None, r"^Ray head processes up", "ray_head"),
-    Marker("ray_ready", "Ray head answers a driver", "serve", None, r"^Ray head answers", "rftstack",
+    Marker("ray_ready", "Ray head answers a driver", "serve", None, r"^Ray head answer(?:s|ed)", "rftstack",
            "effective config written", reported=r"after (\d+(?:\.\d+)?) s"),
     Marker("trinity_launched", "trinity launched", "serve", None, r"^trinity started \(pid", "startup",
            "`trinity run` process start and imports"),
@@ -286,6 +286,7 @@ def analyse(run_dir: Path) -> dict:
     offset = local_offset(serve)
     trinity = parse_trinity(trinity_path, t0, offset)
     warnings: list[str] = []
+    notes: list[str] = []
     if offset:
         warnings.append(f"trinity.log's clock is {offset.total_seconds():+.0f} s from serve.log's; corrected")
 
@@ -322,12 +323,24 @@ def analyse(run_dir: Path) -> dict:
             "line": f"serve.log:{stop_line.lineno}: {stop_line.text[:160]}", "note": None,
         })
 
-    present = [p for p in phases if p["present"]]
+    # The timeline is the markers in the order upstream logs them. A marker logged before one that comes
+    # ahead of it in that order belongs to a process started beside the others (rftstack serve's Ray head
+    # answering while Trinity starts, the rollout coordinator created while the models start): it keeps its
+    # offset, is marked "parallel", and takes no gap, so every gap of the timeline is >= 0.
+    present, latest = [], None
+    for p in phases:
+        if not p["present"]:
+            continue
+        if latest is not None and p["offset_s"] < latest["offset_s"]:
+            p["parallel"] = True
+            notes.append(f"{p['key']} ({p['offset_s']} s) is logged before {latest['key']} ({latest['offset_s']} s): "
+                         "it ran beside the timeline (no gap charged to it)")
+            continue
+        present.append(p)
+        latest = p
     for a, b in itertools.pairwise(present):
         a["duration_s"] = round(b["offset_s"] - a["offset_s"], 3)
         a["to"] = b["key"]
-        if a["duration_s"] < 0:
-            warnings.append(f"{b['key']} ({b['offset_s']} s) is before {a['key']} ({a['offset_s']} s)")
 
     groups = {c: 0.0 for c in CATEGORIES}
     for p in present:
@@ -369,6 +382,7 @@ def analyse(run_dir: Path) -> dict:
         "startup_gaps": startup_gaps,
         "spans": spans,
         "warnings": warnings,
+        "parallel": notes,
         "resolution_note": "serve.log and vLLM/Trinity lines have 1 s resolution: each offset is +-1 s",
     }
 
@@ -390,6 +404,9 @@ def render(res: dict) -> str:
             out.append(f"{'missing':>7} {'':>7}  {'':<9} {p['label']}")
             continue
         mark = "~" if p["inferred_time"] else " "
+        if p.get("parallel"):
+            out.append(f"{fmt(p['offset_s'])}{mark}{'parallel':>7}  {'':<9} {p['label']}")
+            continue
         out.append(f"{fmt(p['offset_s'])}{mark}{fmt(p['duration_s'])}  {(p['category'] or '-'):<9} {p['label']}"
                    + (f"  [reports {p['reported_s']:g} s]" if p.get("reported_s") is not None else ""))
     total = sum(res["groups_s"].values())
@@ -407,6 +424,8 @@ def render(res: dict) -> str:
         out.append(f"  {fmt(s['seconds'], 6)} s  {s['label']}{rep}")
     if res["missing"]:
         out.append(f"missing markers: {', '.join(res['missing'])}")
+    for n in res.get("parallel", []):
+        out.append(f"parallel: {n}")
     for w in res["warnings"]:
         out.append(f"warning: {w}")
     out.append("(~ = time inferred from the same process's previous timestamped line; offsets +-1 s)")

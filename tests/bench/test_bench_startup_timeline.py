@@ -153,3 +153,24 @@ def test_cli_json(tmp_path):
     assert "READY at 188 s" in r.stdout and "not READY" in r.stdout
     data = json.loads(out.read_text())
     assert [Path(x["run_dir"]).name for x in data["runs"]] == ["rl", "term"]
+
+
+def test_a_marker_logged_ahead_of_its_place_runs_beside_the_timeline(tmp_path):
+    """Session H's warm serve (docs/gpu-logs/2026-12-02h/runs-qwen3b-warm.tgz): the rollout coordinator is
+    created while the models start (trinity-coordinator-early.patch), so its first line (20 s) is logged long
+    before the weight-sync group (51 s) that precedes it in upstream's order. It is marked parallel and takes
+    no gap: every gap is >= 0 and the groups add up to the last marker; serve's newer "Ray head answered"
+    line is found."""
+    import tarfile
+
+    with tarfile.open(REPO / "docs" / "gpu-logs" / "2026-12-02h" / "runs-qwen3b-warm.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    res = st.analyse(tmp_path / "trinity-run")
+    coord = phase(res, "coordinator_first")
+    assert coord["present"] and coord.get("parallel") and coord["duration_s"] is None and coord["offset_s"] == 20
+    assert any(n.startswith("coordinator_first (20.0 s) is logged before sync_group (51.0 s)") for n in res["parallel"])
+    chain = [p for p in res["phases"] if p["present"] and not p.get("parallel")]
+    assert all(p["duration_s"] >= 0 for p in chain if p["duration_s"] is not None)
+    assert sum(res["groups_s"].values()) == pytest.approx(chain[-1]["offset_s"], abs=1e-6)
+    assert phase(res, "ray_ready")["present"] and res["warnings"] == []
+    assert "parallel" in st.render(res)
