@@ -151,7 +151,25 @@ def thread_profile(stacks: list[tuple[list[str], int]], tid_cpu: dict[int, float
     per = 1000 * (tid_cpu.get(loop_tid) or 0.0) / responses if responses else 0.0
     return {"threads": {str(k): v for k, v in sorted(threads.items(), key=lambda kv: -kv[1]["samples"])},
             "loop_thread": {"tid": loop_tid, "name": threads[loop_tid]["name"], "cpu_ms_per_response": round(per, 3),
-                            "cpu_ms_per_response_by_stage": {k: round(v / busy * per, 3) for k, v in counts.most_common()} if busy else {}}}
+                            "cpu_ms_per_response_by_stage": {k: round(v / busy * per, 3) for k, v in counts.most_common()} if busy else {},
+                            "top_inclusive_ms_per_response": top_inclusive(by_tid[loop_tid], per)}}
+
+
+def top_inclusive(stacks: list[tuple[list[str], int]], ms_per_response: float, top: int = 30) -> dict[str, float]:
+    """The functions a busy thread's samples pass through (each counted once per sample, epoll waits left
+    out), as CPU ms per response: where the time of any process goes, not only the proxy's stages."""
+    counts: Counter = Counter()
+    for frames, n in stacks:
+        if pp.categorise(frames) == pp.EPOLL:
+            continue
+        seen = set()
+        for f in frames:
+            func, path = pp.parse_frame(f)
+            seen.add(f"{func} ({path or 'native'})")
+        for k in seen:
+            counts[k] += n
+    busy = sum(n for frames, n in stacks if pp.categorise(frames) != pp.EPOLL)
+    return {k: round(v / busy * ms_per_response, 3) for k, v in counts.most_common(top)} if busy else {}
 
 
 def profile_targets(base: str, model: str, c: int, args, py_spy: list[str], out_dir: Path, targets: list[str],

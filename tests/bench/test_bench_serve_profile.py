@@ -124,6 +124,10 @@ def test_thread_profile_picks_the_event_loop_thread(tmp_path):
         assert loop["name"] == "AsyncIO Thread: default" and loop["tid"] != child.pid
         assert loop["cpu_ms_per_response"] == pytest.approx(1000 * tid_cpu[loop["tid"]] / 100, rel=0.01)
         assert sum(loop["cpu_ms_per_response_by_stage"].values()) == pytest.approx(loop["cpu_ms_per_response"], rel=0.02)
+        # the loop's coroutine is on every busy sample: its inclusive share is the whole thread's time
+        incl = loop["top_inclusive_ms_per_response"]
+        assert max(incl.values()) == pytest.approx(loop["cpu_ms_per_response"], rel=0.02)
+        assert any(k.startswith("busy (") for k in incl) and incl[next(k for k in incl if k.startswith("busy ("))] > 0
     finally:
         child.kill()
         child.wait()
