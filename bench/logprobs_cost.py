@@ -37,14 +37,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
 
 
-def tokenizer_dir(given: str | None) -> Path:
+def tokenizer_dir(given: str | None, tmp: Path) -> Path:
+    """``given``, or the bench model's tokenizer (rftstack tiny-model) written under ``tmp``."""
     if given:
         return Path(given)
     from rftstack.run import tinymodel
 
-    out = Path(tempfile.mkdtemp(prefix="logprobs-cost-")) / "tiny"
-    tinymodel.write(out)
-    return out
+    return tinymodel.write(tmp / "tiny")
 
 
 def engine_output(vocab: int, tokens: int, seed: int) -> tuple[list[int], list[float]]:
@@ -136,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from vllm.tokenizers import get_tokenizer
 
-    tok_dir = tokenizer_dir(args.tokenizer)
-    tokenizer = get_tokenizer(str(tok_dir))
+    with tempfile.TemporaryDirectory(prefix="logprobs-cost-") as tmp:
+        tokenizer = get_tokenizer(str(tokenizer_dir(args.tokenizer, Path(tmp))))
     plain = measure(tokenizer, args.responses, args.tokens, args.prompt_tokens, fields=False)
     fields = measure(tokenizer, args.responses, args.tokens, args.prompt_tokens, fields=True)
     flat = measure(tokenizer, args.responses, args.tokens, args.prompt_tokens, fields=True, flat=True)
