@@ -19,7 +19,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 PROC = Path("/proc")
 
 
-def _ticks(stat_text: str) -> int:
+def stat_ticks(stat_text: str) -> int:
     """utime + stime of one ``stat`` file's text (fields after the command in parentheses)."""
     fields = stat_text.rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
@@ -40,11 +40,11 @@ def snapshot(proc: Path = PROC) -> dict[int, dict]:
         if not entry.name.isdigit():
             continue
         try:
-            ticks = _ticks((entry / "stat").read_text())
+            ticks = stat_ticks((entry / "stat").read_text())
             threads = {}
             for task in (entry / "task").iterdir():
                 try:
-                    threads[int(task.name)] = ((task / "comm").read_text().strip(), _ticks((task / "stat").read_text()))
+                    threads[int(task.name)] = ((task / "comm").read_text().strip(), stat_ticks((task / "stat").read_text()))
                 except (OSError, IndexError, ValueError):
                     continue
         except (OSError, IndexError, ValueError):

@@ -331,8 +331,9 @@ def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple
 
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process, all its threads (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    import proc_cpu
+
+    return proc_cpu.stat_ticks(Path(f"/proc/{pid}/stat").read_text()) / proc_cpu.TICK
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -49,6 +49,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loadgen
+import proc_cpu
 import proxy_overhead as po
 
 PY_SPY_FIX = ("py-spy is not available; install it (`uv tool install py-spy` or `pip install py-spy`) "
@@ -235,41 +236,42 @@ def summarise(stacks: list[tuple[list[str], int]], top: int = 15) -> dict:
 
 def cpu_split(pid: int) -> tuple[float, float]:
     """(process CPU s, main thread CPU s) from /proc: utime + stime."""
-    tck = os.sysconf("SC_CLK_TCK")
-
-    def ticks(p: str) -> float:
-        fields = Path(p).read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tck
-    return ticks(f"/proc/{pid}/stat"), ticks(f"/proc/{pid}/task/{pid}/stat")
+    return (proc_cpu.stat_ticks(Path(f"/proc/{pid}/stat").read_text()) / proc_cpu.TICK,
+            proc_cpu.stat_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text()) / proc_cpu.TICK)
 
 
 class Load:
-    """Closed loop of ``concurrency`` clients in a thread of this process; completion times kept."""
+    """Closed loop of ``concurrency`` clients in a thread of this process; each completion's time, ok and
+    latency kept. ``model``: the model to ask for (default: the first of /v1/models); ``like_proxy``: ask for
+    logprobs and token ids, as Trinity's proxy does."""
 
-    def __init__(self, base: str, concurrency: int, max_tokens: int) -> None:
+    def __init__(self, base: str, concurrency: int, max_tokens: int, *, model: str | None = None,
+                 like_proxy: bool = False) -> None:
         self.base, self.concurrency, self.max_tokens = base, concurrency, max_tokens
-        self.done: list[tuple[float, bool]] = []
+        self.model, self.like_proxy = model, like_proxy
+        self.done: list[tuple[float, bool, float]] = []
         self.stop = False
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
         import aiohttp
 
-        model = await loadgen.first_model(self.base)
+        model = self.model or await loadgen.first_model(self.base)
         url = self.base.rstrip("/") + "/v1/chat/completions"
         ps = loadgen.prompts()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.concurrency)) as s:
             async def worker(k: int) -> None:
                 i = k
                 while not self.stop:
-                    body = loadgen.request_body(model, ps[i % len(ps)], self.max_tokens, temperature=1.0, like_proxy=False)
+                    body = loadgen.request_body(model, ps[i % len(ps)], self.max_tokens, temperature=1.0,
+                                                like_proxy=self.like_proxy)
                     r = await loadgen._one(s, url, body, 60)
-                    self.done.append((time.monotonic(), r["ok"]))
+                    self.done.append((time.monotonic(), r["ok"], r["latency_s"]))
                     i += self.concurrency
             await asyncio.gather(*(worker(k) for k in range(self.concurrency)))
 
     def count(self, t0: float, t1: float) -> tuple[int, int]:
-        xs = [ok for t, ok in list(self.done) if t0 <= t < t1]
+        xs = [ok for t, ok, _ in list(self.done) if t0 <= t < t1]
         return sum(xs), len(xs) - sum(xs)
 
 
@@ -314,6 +316,17 @@ def resolve_py_spy(spec: str | None) -> list[str] | None:
     return None
 
 
+def py_spy_record(py_spy: list[str], pid: int, seconds: int, rate: int, raw: Path, *, native: bool = False,
+                  nonblocking: bool = True) -> dict:
+    """``py-spy record`` of ``pid`` into ``raw`` (collapsed stacks with thread ids and names, full paths): its
+    command, exit status and last lines of stderr."""
+    cmd = [*py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate), "--format", "raw",
+           "--threads", "--full-filenames", "-o", str(raw)] + (["--native"] if native else []) + (["--nonblocking"] if nonblocking else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
+    return {"command": " ".join(cmd), "rc": p.returncode, "stderr_tail": (p.stderr or "").strip().splitlines()[-3:],
+            "stdout_tail": (p.stdout or "").strip().splitlines()[-3:]}
+
+
 def profile_variant(args, py_spy: list[str], url: str, variant: str, logs: Path, stacks_dir: Path, work: Path) -> dict:
     proxy, port = po.start_proxy(url, variant, work, logs)
     load = None
@@ -324,16 +337,15 @@ def profile_variant(args, py_spy: list[str], url: str, variant: str, logs: Path,
         time.sleep(args.warmup_s)
         base = window(load, proxy.pid, lambda: time.sleep(args.baseline_s))
         raw = logs / f"raw-{variant}.txt"
-        cmd = [*py_spy, "record", "--pid", str(proxy.pid), "--duration", str(args.duration_s), "--rate", str(args.rate),
-               "--format", "raw", "--threads", "--full-filenames", "-o", str(raw)] + (["--native"] if args.native else []) + (["--nonblocking"] if args.nonblocking else [])
         res: dict = {}
 
         def record() -> None:
-            res["p"] = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration_s + 120, check=False)
+            res["rec"] = py_spy_record(py_spy, proxy.pid, args.duration_s, args.rate, raw, native=args.native,
+                                       nonblocking=args.nonblocking)
         prof = window(load, proxy.pid, record)
-        p = res["p"]
-        if p.returncode != 0 or not raw.exists():
-            last = (p.stderr or p.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        rec = res["rec"]
+        if rec["rc"] != 0 or not raw.exists():
+            last = (rec["stderr_tail"] or rec["stdout_tail"])[-1:] or ["no output"]
             raise RuntimeError(f"py-spy could not record the proxy (pid {proxy.pid}): {last[0]}; it needs ptrace "
                                "(run as root, or set kernel.yama.ptrace_scope=0)")
     finally:
@@ -351,7 +363,7 @@ def profile_variant(args, py_spy: list[str], url: str, variant: str, logs: Path,
     for w in (base, prof):
         w["gc"] = po.gc_in_window(gc_events, *w.pop("monotonic"), w["responses"])
     return {"variant": variant, "baseline_no_profiler": base, "profiled_window": prof,
-            "py_spy": {"command": " ".join(cmd[:1] + cmd[1:]), "stderr_tail": (p.stderr or "").strip().splitlines()[-3:]},
+            "py_spy": {"command": rec["command"], "stderr_tail": rec["stderr_tail"]},
             "collapsed_stacks": str(out_stacks), "collapsed_stacks_bytes": len(norm.encode()),
             **s, "cpu_ms_per_response_by_category": ms_table(s, base),
             "cpu_ms_per_response_by_stage": stages_ms(stacks, base)}

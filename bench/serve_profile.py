@@ -25,14 +25,12 @@ Writes the JSON (after every window), the serve's log next to it, and the collap
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gzip
 import json
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -47,31 +45,8 @@ import proxy_profile as pp  # noqa: E402
 import serve_vs_bare as svb  # noqa: E402
 
 
-class Loop:
-    """A closed loop of ``concurrency`` clients in a thread of this process; each completion's time, ok, latency."""
-
-    def __init__(self, base: str, model: str, concurrency: int, max_tokens: int, like_proxy: bool) -> None:
-        self.base, self.model, self.concurrency = base, model, concurrency
-        self.max_tokens, self.like_proxy = max_tokens, like_proxy
-        self.done: list[tuple[float, bool, float]] = []
-        self.stop = False
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        import aiohttp
-
-        url = self.base.rstrip("/") + "/v1/chat/completions"
-        ps = loadgen.prompts()
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.concurrency)) as s:
-            async def client(k: int) -> None:
-                i = k
-                while not self.stop:
-                    body = loadgen.request_body(self.model, ps[i % len(ps)], self.max_tokens, temperature=1.0,
-                                                like_proxy=self.like_proxy)
-                    r = await loadgen._one(s, url, body, 60)
-                    self.done.append((time.monotonic(), r["ok"], r["latency_s"]))
-                    i += self.concurrency
-            await asyncio.gather(*(client(k) for k in range(self.concurrency)))
+class Loop(pp.Load):
+    """proxy_profile's closed loop, with the rate and latency of a window."""
 
     def between(self, t0: float, t1: float) -> dict:
         xs = [(ok, lat) for t, ok, lat in list(self.done) if t0 <= t < t1]
@@ -106,7 +81,7 @@ def measured_window(loop: Loop, seconds: float, during=None) -> dict:
 
 
 def run_loop(base: str, model: str, c: int, args, like_proxy: bool, during=None) -> dict:
-    loop = Loop(base, model, c, args.max_tokens, like_proxy)
+    loop = Loop(base, c, args.max_tokens, model=model, like_proxy=like_proxy)
     loop.thread.start()
     try:
         time.sleep(args.warmup_s)
@@ -114,13 +89,6 @@ def run_loop(base: str, model: str, c: int, args, like_proxy: bool, during=None)
     finally:
         loop.stop = True
         loop.thread.join(timeout=90)
-
-
-def py_spy_record(py_spy: list[str], pid: int, seconds: int, rate: int, raw: Path) -> dict:
-    cmd = [*py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate), "--format", "raw",
-           "--threads", "--full-filenames", "--nonblocking", "-o", str(raw)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
-    return {"command": " ".join(cmd), "rc": p.returncode, "stderr_tail": (p.stderr or "").strip().splitlines()[-3:]}
 
 
 def thread_profile(stacks: list[tuple[list[str], int]], tid_cpu: dict[int, float], responses: int) -> dict:
@@ -188,7 +156,7 @@ def profile_targets(base: str, model: str, c: int, args, py_spy: list[str], out_
     def during() -> dict:
         a = proc_cpu.snapshot()
         recs: dict = {}
-        threads = [threading.Thread(target=lambda t=t: recs.__setitem__(t, py_spy_record(py_spy, found[t], args.py_spy_s, args.rate, raws[t])))
+        threads = [threading.Thread(target=lambda t=t: recs.__setitem__(t, pp.py_spy_record(py_spy, found[t], args.py_spy_s, args.rate, raws[t])))
                    for t in found]
         for th in threads:
             th.start()
@@ -221,6 +189,23 @@ def profile_targets(base: str, model: str, c: int, args, py_spy: list[str], out_
     return res
 
 
+def child_env() -> dict:
+    """This process's environment for the serve and bare vLLM (FlashInfer's sampler off: no cubin in the bundle)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
+
+
+def profile_and_say(ph: dict, base: str, model: str, args, out: Path, targets: list[str], label: str, save,
+                    like_proxy: bool = False) -> None:
+    """With --py-spy: the profile window of ``targets`` at the last level, into ``ph["profile"]``, one line each."""
+    if not args.py_spy:
+        return
+    prof = ph["profile"] = profile_targets(base, model, args.levels[-1], args, args.py_spy, out.parent, targets, label,
+                                           like_proxy=like_proxy)
+    for t, r in prof["targets"].items():
+        say(f"profile {t}: {json.dumps(r.get('loop_thread') or r.get('error'))}")
+    save()
+
+
 def serve_phase(args, result: dict, out: Path, save) -> None:
     work = out.parent / f"{out.stem}-work"
     shutil.rmtree(work, ignore_errors=True)
@@ -229,7 +214,7 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
     cfg = svb.trinity_config(work / "serve.yaml", model=Path(args.model).resolve(), label=out.stem,
                              max_model_len=args.max_model_len, gpu_util=args.gpu_util, proxy_port=port,
                              ckpt=work / "ckpt", db_url=None)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
+    env = child_env()
     before = svb.listening_ports()
     proc = svb.Proc([sys.executable, "-m", "rftstack", "serve", "-c", str(cfg), "--run-dir", str(work / "run"), *args.serve_args.split()],
                     out.parent / f"{out.stem}-serve.log", env)
@@ -255,12 +240,8 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
                 lv["engine"] = run_loop(engines[0], model, c, args, like_proxy=True)
                 say(f"c={c} engine direct: {summary_line(lv['engine'])}")
                 save()
-        if args.py_spy:
-            prof = ph["profile"] = profile_targets(base, model, args.levels[-1], args, args.py_spy, out.parent,
-                                                   ["ray::Explorer", "ray::vLLMRolloutModel", "VLLM::EngineCore"], "serve")
-            for t, r in prof["targets"].items():
-                say(f"profile {t}: {json.dumps(r.get('loop_thread') or r.get('error'))}")
-            save()
+        profile_and_say(ph, base, model, args, out, ["ray::Explorer", "ray::vLLMRolloutModel", "VLLM::EngineCore"],
+                        "serve", save)
     finally:
         ph["stop"] = proc.stop(grace_s=30)
         ph["ray_stop"] = svb.ray_stop_force()
@@ -273,8 +254,7 @@ def bare_phase(args, result: dict, out: Path, save) -> None:
     base = f"http://127.0.0.1:{port}"
     argv = ["vllm", "serve", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
             str(args.gpu_util), "--max-model-len", str(args.max_model_len)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
-    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare.log", env)
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare.log", child_env())
     ph: dict = {"argv": argv}
     result["bare"] = ph
     try:
@@ -290,12 +270,8 @@ def bare_phase(args, result: dict, out: Path, save) -> None:
             lv["bare_like_proxy"] = run_loop(base, ph["ready"]["model"], c, args, like_proxy=True)
             say(f"c={c} bare, like the proxy: {summary_line(lv['bare_like_proxy'])}")
             save()
-        if args.py_spy:
-            prof = ph["profile"] = profile_targets(base, ph["ready"]["model"], args.levels[-1], args, args.py_spy, out.parent,
-                                                   ["*vllm serve", "VLLM::EngineCore"], "bare", like_proxy=True)
-            for t, r in prof["targets"].items():
-                say(f"profile {t}: {json.dumps(r.get('loop_thread') or r.get('error'))}")
-            save()
+        profile_and_say(ph, base, ph["ready"]["model"], args, out, ["*vllm serve", "VLLM::EngineCore"], "bare", save,
+                        like_proxy=True)
     finally:
         ph["stop"] = proc.stop(grace_s=20)
         ph["gpu_memory_after_mib"] = svb.wait_gpu_free()

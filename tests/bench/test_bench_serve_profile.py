@@ -69,7 +69,7 @@ def test_the_loop_window_counts_responses_and_latency(tmp_path):
     """The closed loop against the TEST DOUBLE: every response counted once, latencies, no errors."""
     double, url = po.start_double(tmp_path)
     try:
-        loop = sp.Loop(url, "double", 4, 8, like_proxy=True)
+        loop = sp.Loop(url, 4, 8, model="double", like_proxy=True)
         loop.thread.start()
         try:
             time.sleep(0.5)
@@ -113,7 +113,7 @@ def test_thread_profile_picks_the_event_loop_thread(tmp_path):
         assert child.stdout.readline().strip() == "go"
         raw = tmp_path / "raw.txt"
         a = proc_cpu.snapshot()
-        rec = sp.py_spy_record([py_spy], child.pid, 2, 50, raw)
+        rec = sp.pp.py_spy_record([py_spy], child.pid, 2, 50, raw)
         b = proc_cpu.snapshot()
         if rec["rc"] != 0:
             pytest.skip(f"py-spy cannot attach here: {rec['stderr_tail']}")
