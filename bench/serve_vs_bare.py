@@ -20,6 +20,10 @@ Phases (each hard time-bounded, processes always stopped, results written after 
   trinity-nogc
            the same with RFTSTACK_PROXY_GC=0 (Python's garbage collector as it comes in the proxy's
            process, without patches/trinity-proxy-gc.patch), side by side with `trinity` in one run
+  trinity-nolean
+           the same with RFTSTACK_PROXY_LEAN_LOGPROBS=0 (the proxy asks for decoded logprobs on every request,
+           as upstream Trinity; the default, patches/trinity-proxy-lean-logprobs.patch, asks for undecoded
+           ones when the client did not ask for logprobs), side by side with `trinity` in one run
   trinity-mp
            the same with RFTSTACK_ENGINE_EXECUTOR=mp (vLLM's worker in its own process beside the EngineCore,
            as upstream Trinity; the default, patches/trinity-engine-uni-executor.patch, runs it inside the
@@ -74,9 +78,21 @@ from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E
 
 EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor.patch: auto (default) or mp
 WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
+LEAN_VAR = "RFTSTACK_PROXY_LEAN_LOGPROBS"  # patches/trinity-proxy-lean-logprobs.patch: 1 (default) or 0
 from rftstack.doctor.netstat import free_port
 
-PHASES = ("bare", "trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "trinity-mp", "trinity-cold", "manual")
+# the phases that run `trinity` with one variable set (one patch switched off, or another executor):
+# name -> (variable, value); the runner, its Ray head and Trinity's actors inherit it
+SWITCHED = {
+    "trinity-nogroup": (GROUP_COMMIT_VAR, "0"),
+    "trinity-noff": (FAST_FORWARD_VAR, "0"),
+    "trinity-nogc": (GC_VAR, "0"),
+    "trinity-nolean": (LEAN_VAR, "0"),
+    "trinity-mp": (EXECUTOR_VAR, "mp"),
+    "trinity-cold": (WARM_VAR, "0"),
+}
+LOADED = ("trinity", *(n for n in SWITCHED if n != "trinity-cold"))  # the phases that get the proxy's load
+PHASES = ("bare", "trinity", *SWITCHED, "manual")
 
 # vLLM / Trinity log lines that say where start-up time goes: name -> regex (first group: seconds)
 MARKERS = {
@@ -437,7 +453,7 @@ class Bench:
         r["startup_markers"] = markers(p.lines)
         if extra_ready:
             r.update(extra_ready)
-        if r["ready"]["ready"] and name in ("trinity", "trinity-nogroup", "trinity-noff", "trinity-nogc", "trinity-mp") and not self.args.ready_only:
+        if r["ready"]["ready"] and name in LOADED and not self.args.ready_only:
             base = r["ready"]["base_url"]
             r["load"] = self.load(base, f"{name}-proxy", like_proxy=False, model=r["ready"]["model"])
             if self.args.spread:
@@ -470,30 +486,11 @@ class Bench:
         r["gpu_memory_after_mib"] = wait_gpu_free()
         return r
 
-    def phase_trinity_nogroup(self) -> dict:
-        # the runner, its Ray head and Trinity's actors inherit it
-        r = self.phase_trinity("trinity-nogroup", env={**self.env(), GROUP_COMMIT_VAR: "0"})
-        r["env"] = {GROUP_COMMIT_VAR: "0"}
-        return r
-
-    def phase_trinity_noff(self) -> dict:
-        r = self.phase_trinity("trinity-noff", env={**self.env(), FAST_FORWARD_VAR: "0"})
-        r["env"] = {FAST_FORWARD_VAR: "0"}
-        return r
-
-    def phase_trinity_nogc(self) -> dict:
-        r = self.phase_trinity("trinity-nogc", env={**self.env(), GC_VAR: "0"})
-        r["env"] = {GC_VAR: "0"}
-        return r
-
-    def phase_trinity_mp(self) -> dict:
-        r = self.phase_trinity("trinity-mp", env={**self.env(), EXECUTOR_VAR: "mp"})
-        r["env"] = {EXECUTOR_VAR: "mp"}
-        return r
-
-    def phase_trinity_cold(self) -> dict:
-        r = self.phase_trinity("trinity-cold", env={**self.env(), WARM_VAR: "0"})
-        r["env"] = {WARM_VAR: "0"}
+    def phase_switched(self, name: str) -> dict:
+        """``trinity`` with SWITCHED[name]'s variable set, side by side with it in one run."""
+        var, value = SWITCHED[name]
+        r = self.phase_trinity(name, env={**self.env(), var: value})
+        r["env"] = {var: value}
         return r
 
     def phase_manual(self) -> dict:
@@ -527,9 +524,9 @@ class Bench:
 
     def run(self) -> int:
         phases = [p.strip() for p in self.args.phases.split(",") if p.strip()]
-        estimate = {"bare": 180, "trinity": 300, "trinity-nogroup": 240, "trinity-noff": 240, "trinity-nogc": 240, "trinity-mp": 240, "trinity-cold": 240, "manual": 240}
+        estimate = {"bare": 180, "trinity": 300, **{n: 240 for n in SWITCHED}, "manual": 240}
         if self.args.ready_only:
-            estimate = {"bare": 120, "trinity": 200, "trinity-nogroup": 200, "trinity-noff": 200, "trinity-nogc": 200, "trinity-mp": 200, "trinity-cold": 200, "manual": 200}
+            estimate = {"bare": 120, **{n: 200 for n in ("trinity", *SWITCHED, "manual")}}
         for ph in phases:
             if self.remaining() < estimate[ph] * 0.5:
                 self.result["phases"][ph] = {"skipped": f"budget: {self.remaining():.0f} s left"}
@@ -538,7 +535,8 @@ class Bench:
             self.say(f"{ph}: start")
             started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             try:
-                self.result["phases"][ph] = getattr(self, f"phase_{ph.replace('-', '_')}")()
+                self.result["phases"][ph] = (self.phase_switched(ph) if ph in SWITCHED
+                                             else getattr(self, f"phase_{ph.replace('-', '_')}")())
                 self.result["phases"][ph].update(started=started, host=platform.node())
             except Exception as exc:  # record, clean up, go on with the next phase
                 self.result["phases"][ph] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -583,26 +581,21 @@ def summary(result: dict) -> dict:
     ph = result["phases"]
     bare, tri, man = ph.get("bare", {}), ph.get("trinity", {}), ph.get("manual", {})
     out: dict = {"label": result["label"], "ready_s": {}, "throughput_ratio": {}}
-    for name, p in (("bare", bare), ("trinity", tri), ("trinity-mp", ph.get("trinity-mp", {})),
-                    ("trinity-cold", ph.get("trinity-cold", {})), ("manual", man)):
+    for name, p in (("bare", bare), ("trinity", tri), *((n, ph.get(n, {})) for n in SWITCHED), ("manual", man)):
         r = p.get("ready", {})
         if r.get("ready"):
             out["ready_s"][name] = r.get("first_answer_incl_ray_start_s", r["first_answer_s"])
     if "bare" in out["ready_s"]:
-        for name in ("trinity", "trinity-mp", "trinity-cold", "manual"):
+        for name in ("trinity", *SWITCHED, "manual"):
             if name in out["ready_s"]:
                 out[f"ready_ratio_{name.replace('-', '_')}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
-    nogroup, noff, nogc = ph.get("trinity-nogroup", {}), ph.get("trinity-noff", {}), ph.get("trinity-nogc", {})
-    mp = ph.get("trinity-mp", {})
+    switched = [(f"proxy_{n.removeprefix('trinity-')}", ph.get(n, {})) for n in LOADED[1:]]
     out["throughput_ratio"] = _ratios(bare.get("load"), (
         ("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
-        ("proxy", tri.get("load")), ("proxy_nogroup", nogroup.get("load")), ("proxy_noff", noff.get("load")),
-        ("proxy_nogc", nogc.get("load")), ("proxy_mp", mp.get("load"))))
+        ("proxy", tri.get("load")), *((key, p.get("load")) for key, p in switched)))
     if bare.get("load_spread"):
         out["throughput_ratio_spread"] = _ratios(bare.get("load_spread"), (
-            ("proxy", tri.get("load_spread")), ("proxy_nogroup", nogroup.get("load_spread")),
-            ("proxy_noff", noff.get("load_spread")), ("proxy_nogc", nogc.get("load_spread")),
-            ("proxy_mp", mp.get("load_spread"))))
+            ("proxy", tri.get("load_spread")), *((key, p.get("load_spread")) for key, p in switched)))
     return out
 
 

@@ -96,15 +96,18 @@ def add_trinity_proxy(site: Path) -> Path:
 
 VERL_REL = "verl/utils/attention_utils.py"
 RAY_REL = "ray/_private/services.py"
+VLLM_REL = "vllm/v1/engine/logprobs.py"
 
 
 def add_dist_file(site: Path, module: str, dist: str, rel: str) -> Path:
     """The installed ``module``'s file ``rel`` (un-patched with the reverse of ``dist``'s policy patch
     when the venv's copy is patched) with the distribution's dist-info (METADATA and a RECORD naming
     that file): enough for rftstack's patch machinery."""
-    import importlib
+    import importlib.util
 
-    real_site = Path(importlib.import_module(module).__file__).parents[1]
+    spec = importlib.util.find_spec(module)  # not imported: vLLM's import alone takes seconds
+    assert spec is not None and spec.origin, f"{module} is not installed"
+    real_site = Path(spec.origin).parents[1]
     text = (real_site / rel).read_text()
     (p,) = [p for p in policy.load().patches if p.dist == dist]
     for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
@@ -128,3 +131,8 @@ def add_verl(site: Path) -> Path:
 def add_ray(site: Path) -> Path:
     """The installed Ray's _private/services.py (un-patched) with Ray's dist-info."""
     return add_dist_file(site, "ray", "ray", RAY_REL)
+
+
+def add_vllm(site: Path) -> Path:
+    """The installed vLLM's v1/engine/logprobs.py (un-patched) with vLLM's dist-info."""
+    return add_dist_file(site, "vllm", "vllm", VLLM_REL)

@@ -148,7 +148,7 @@ def test_summary_adds_the_cold_start_and_mp_phases_next_to_trinity():
     assert s["ready_ratio_trinity_vs_bare"] == 1.5 and s["ready_ratio_trinity_cold_vs_bare"] == 2.25
     assert s["ready_ratio_trinity_mp_vs_bare"] == 1.75
     for phase in ("trinity-cold", "trinity-mp"):
-        assert phase in svb.PHASES and hasattr(svb.Bench, f"phase_{phase.replace('-', '_')}")
+        assert phase in svb.PHASES and phase in svb.SWITCHED
 
 
 def test_summary_adds_the_nogroup_phase_and_the_spread_load():
@@ -278,6 +278,7 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
     ("trinity-noff", "noff", 64, (1000.0, 950.0, 610.0), (960.0, 700.0), (0.95, 0.61, 0.7), ("FAST_FORWARD_VAR", "RFTSTACK_PROXY_FAST_FORWARD")),
     ("trinity-nogc", "nogc", 32, (1000.0, 900.0, 800.0), (960.0, 920.0), (0.9, 0.8, 0.92), ("GC_VAR", "RFTSTACK_PROXY_GC")),
     ("trinity-mp", "mp", 64, (1000.0, 600.0, 750.0), (700.0, 900.0), (0.6, 0.75, 0.9), ("EXECUTOR_VAR", "RFTSTACK_ENGINE_EXECUTOR")),
+    ("trinity-nolean", "nolean", 32, (1000.0, 800.0, 700.0), (900.0, 850.0), (0.8, 0.7, 0.85), ("LEAN_VAR", "RFTSTACK_PROXY_LEAN_LOGPROBS")),
 ])
 def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps, spread, ratios, var):
     """The phases that run the proxy with one patch switched off get their own ratios beside the proxy's."""
@@ -292,4 +293,4 @@ def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps,
     assert s["throughput_ratio"][str(c)] == {"bare_tok_s": bare, "proxy_tok_s": proxy, "proxy_vs_bare": ratios[0],
                                              f"proxy_{key}_tok_s": off, f"proxy_{key}_vs_bare": ratios[1]}
     assert s["throughput_ratio_spread"][str(c)][f"proxy_{key}_vs_bare"] == ratios[2]
-    assert phase in svb.PHASES and getattr(svb, var[0]) == var[1]
+    assert phase in svb.PHASES and getattr(svb, var[0]) == var[1] and svb.SWITCHED[phase][0] == var[1]
