@@ -20,10 +20,6 @@ Phases (each hard time-bounded, processes always stopped, results written after 
   trinity-nogc
            the same with RFTSTACK_PROXY_GC=0 (Python's garbage collector as it comes in the proxy's
            process, without patches/trinity-proxy-gc.patch), side by side with `trinity` in one run
-  trinity-nolean
-           the same with RFTSTACK_PROXY_LEAN_LOGPROBS=0 (the proxy asks for decoded logprobs on every request,
-           as upstream Trinity; the default, patches/trinity-proxy-lean-logprobs.patch, asks for undecoded
-           ones when the client did not ask for logprobs), side by side with `trinity` in one run
   trinity-mp
            the same with RFTSTACK_ENGINE_EXECUTOR=mp (vLLM's worker in its own process beside the EngineCore,
            as upstream Trinity; the default, patches/trinity-engine-uni-executor.patch, runs it inside the
@@ -78,7 +74,6 @@ from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E
 
 EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor.patch: auto (default) or mp
 WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
-LEAN_VAR = "RFTSTACK_PROXY_LEAN_LOGPROBS"  # patches/trinity-proxy-lean-logprobs.patch: 1 (default) or 0
 from rftstack.doctor.netstat import free_port
 
 # the phases that run `trinity` with one variable set (one patch switched off, or another executor):
@@ -87,7 +82,6 @@ SWITCHED = {
     "trinity-nogroup": (GROUP_COMMIT_VAR, "0"),
     "trinity-noff": (FAST_FORWARD_VAR, "0"),
     "trinity-nogc": (GC_VAR, "0"),
-    "trinity-nolean": (LEAN_VAR, "0"),
     "trinity-mp": (EXECUTOR_VAR, "mp"),
     "trinity-cold": (WARM_VAR, "0"),
 }

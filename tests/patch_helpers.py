@@ -96,7 +96,6 @@ def add_trinity_proxy(site: Path) -> Path:
 
 VERL_REL = "verl/utils/attention_utils.py"
 RAY_REL = "ray/_private/services.py"
-VLLM_REL = "vllm/v1/engine/logprobs.py"
 
 
 def add_dist_file(site: Path, module: str, dist: str, rel: str) -> Path:
@@ -105,7 +104,7 @@ def add_dist_file(site: Path, module: str, dist: str, rel: str) -> Path:
     that file): enough for rftstack's patch machinery."""
     import importlib.util
 
-    spec = importlib.util.find_spec(module)  # not imported: vLLM's import alone takes seconds
+    spec = importlib.util.find_spec(module)  # found, not imported (an import of Ray or vLLM takes seconds)
     assert spec is not None and spec.origin, f"{module} is not installed"
     real_site = Path(spec.origin).parents[1]
     text = (real_site / rel).read_text()
@@ -131,8 +130,3 @@ def add_verl(site: Path) -> Path:
 def add_ray(site: Path) -> Path:
     """The installed Ray's _private/services.py (un-patched) with Ray's dist-info."""
     return add_dist_file(site, "ray", "ray", RAY_REL)
-
-
-def add_vllm(site: Path) -> Path:
-    """The installed vLLM's v1/engine/logprobs.py (un-patched) with vLLM's dist-info."""
-    return add_dist_file(site, "vllm", "vllm", VLLM_REL)

@@ -33,9 +33,6 @@
 #              (RFTSTACK_ENGINE_EXECUTOR=mp, upstream's worker process) in one run, c=32,64, 8 rounds per level, equal
 #              and spread lengths: throughput and time to ready of both executors side by side (run it second on a
 #              machine, after a 3B step, for warm caches)
-#   proxy3b-lean  the 3B shape: bare, trinity (undecoded logprobs for clients that ask for none, the default),
-#              trinity-nolean (RFTSTACK_PROXY_LEAN_LOGPROBS=0, upstream's request) and trinity-mp (the default with
-#              RFTSTACK_ENGINE_EXECUTOR=mp) in one run, c=32,64, 8 rounds per level, equal and spread lengths
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -105,8 +102,6 @@ for step in "${steps[@]}"; do
         proxy3b-freeze) bench --model /tmp/bench/qwen3b --label qwen3b-freeze --phases bare,trinity,trinity-nogc --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-exec) bench --model /tmp/bench/qwen3b --label qwen3b-exec --phases bare,trinity,trinity-mp --no-like-proxy \
-                 --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
-        proxy3b-lean) bench --model /tmp/bench/qwen3b --label qwen3b-lean --phases bare,trinity,trinity-nolean,trinity-mp --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \
                  --concurrency 32,64 --py-spy "${PY_SPY:-py-spy}" --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
