@@ -41,6 +41,8 @@
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
+#   ready-3b-mp  bare, trinity and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): time to ready only, warm caches, for
+#              the executor's default (docs/serve.md, "Start-up against throughput"); after a 3B step
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
 #   expose     tests/gpu/test_expose_gpu.py         serve --expose: the API key on every route, only the proxy off loopback
 #   warm       tests/gpu/test_warm_workers_gpu.py  a GPU actor in a warm Ray worker sees the GPU Ray gave it
@@ -109,6 +111,7 @@ for step in "${steps[@]}"; do
                  --concurrency 32,64 --requests 2000 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,trinity-cold,manual --ready-only --budget-s 900 ;;
+        ready-3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-warm-mp --phases bare,trinity,trinity-mp --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
         expose) pytest_gpu expose test_expose_gpu.py ;;
         cluster) pytest_gpu cluster test_cluster_gpu.py ;;
