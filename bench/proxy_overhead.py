@@ -151,7 +151,7 @@ def published_httptools_protocol(workdir: str) -> type:
     (fp,) = patches.parse((patches.patches_dir() / p.file).read_text())
     text = (Path(uvicorn.__file__).parents[1] / fp.path).read_text()
     if "rftstack patch" in text:
-        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+        text = patches.apply_text(text, fp.reversed())[0]
     path = Path(workdir) / "httptools_impl_published.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location("httptools_impl_published", path)

@@ -13,11 +13,6 @@ from rftstack.stack import policy
 TORCH_REL = "torch/distributed/rendezvous.py"
 
 
-def reversed_hunks(fp: patches.FilePatch) -> patches.FilePatch:
-    """``fp`` turned around: applying it to a patched file gives the file as published."""
-    return patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
-
-
 def installed_without(patch_file: str, rel: str, tmp_dir: Path, name: str) -> tuple[str, Path]:
     """The installed Trinity's ``rel`` with the one policy patch ``patch_file`` reversed (the others
     kept), written to ``tmp_dir/name``: (the installed text, the path of the copy)."""
@@ -26,7 +21,7 @@ def installed_without(patch_file: str, rel: str, tmp_dir: Path, name: str) -> tu
     installed = (Path(trinity.__file__).parents[1] / rel).read_text()
     (fp,) = patches.parse((patches.patches_dir() / patch_file).read_text())
     path = tmp_dir / name
-    path.write_text(patches.apply_text(installed, reversed_hunks(fp))[0])
+    path.write_text(patches.apply_text(installed, fp.reversed())[0])
     return installed, path
 
 
@@ -41,7 +36,7 @@ def original_rendezvous() -> str:
     text = (Path(torch.__file__).parent / "distributed" / "rendezvous.py").read_text()
     if "_loopback_listen_fd" in text:
         for fp in patches.parse((patches.patches_dir() / torch_patch().file).read_text()):
-            back = reversed_hunks(fp)
+            back = fp.reversed()
             text = patches.apply_text(text, back)[0]
     assert "_loopback_listen_fd" not in text
     return text
@@ -76,7 +71,7 @@ def add_trinity(site: Path) -> None:
     texts = {rel: (real_site / rel).read_text() for rel in TRINITY_FILES}
     for p in reversed(trinity_patches()):  # undo in the reverse order of application
         for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
-            back = reversed_hunks(fp)
+            back = fp.reversed()
             if "rftstack patch" in texts[fp.path]:
                 texts[fp.path] = patches.apply_text(texts[fp.path], back)[0]
     for rel, text in texts.items():
@@ -110,7 +105,7 @@ def add_dist_file(site: Path, module: str, dist: str, rel: str) -> Path:
     text = (real_site / rel).read_text()
     (p,) = [p for p in policy.load().patches if p.dist == dist]
     for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
-        back = reversed_hunks(fp)
+        back = fp.reversed()
         if "rftstack patch" in text:
             text = patches.apply_text(text, back)[0]
     (site / rel).parent.mkdir(parents=True, exist_ok=True)

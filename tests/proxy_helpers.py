@@ -118,7 +118,7 @@ def load_app(patched: bool, tmp: Path):
     for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
         text = (site / fp.path).read_text()
         if "rftstack patch" in text:  # start from the original
-            text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+            text = patches.apply_text(text, fp.reversed())[0]
         texts[fp.path] = patches.apply_text(text, fp)[0] if patched else text
     mods = {}
     for rel, text in texts.items():

@@ -34,7 +34,7 @@ def httptools_impl_text(patched: bool) -> str:
     fp = _file_patch()
     text = installed_source().read_text()
     if MARK in text:
-        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+        text = patches.apply_text(text, fp.reversed())[0]
     assert MARK not in text
     return patches.apply_text(text, fp)[0] if patched else text
 

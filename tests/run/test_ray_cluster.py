@@ -246,7 +246,7 @@ def unpatched_explorer(text: str) -> str:
     from rftstack.stack import patches
 
     (fp,) = patches.parse((patches.patches_dir() / "trinity-explorer-node.patch").read_text())
-    back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+    back = fp.reversed()
     out = patches.apply_text(text, back)[0]
     assert "RFTSTACK_EXPLORER_NODE" not in out
     return out

@@ -129,7 +129,7 @@ out = {}
 # as published: the module's text with the policy patch reversed, in a fresh module
 text = open(au.__file__).read()
 for fp in patches.parse((patches.patches_dir() / "verl-unpad-without-flash-attn.patch").read_text()):
-    back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+    back = fp.reversed()
     published = patches.apply_text(text, back)[0] if "rftstack patch" in text else text
 pub = types.ModuleType("published_attention_utils")
 exec(compile(published, "published_attention_utils.py", "exec"), pub.__dict__)

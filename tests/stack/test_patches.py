@@ -27,7 +27,7 @@ def site(tmp_path):
     text = (SITE / REL).read_text()
     # the installed torch may be patched already (CI applies the policy first): start from the original
     for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
-        back = patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks])
+        back = fp.reversed()
         if "_loopback_listen_fd" in text:
             text = patches.apply_text(text, back)[0]
     (tmp_path / REL).write_text(text)
@@ -176,7 +176,7 @@ def test_reversed_patch_restores_the_original(site):
     apply(site)
     text = (site / REL).read_text()
     for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
-        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+        text = patches.apply_text(text, fp.reversed())[0]
     assert text == original
 
 
@@ -219,3 +219,13 @@ def test_a_half_patched_file_is_refused():
     assert patches.apply_text(_module(first="b = 20", second="y = 20"), fp)[1] == "already applied"
     with pytest.raises(patches.PatchError, match="partly patched already"):
         patches.apply_text(_module(first="b = 20"), fp)
+
+
+def test_a_reversed_patch_gives_the_file_as_published():
+    """FilePatch.reversed (what the patch tests use to start from a published file) undoes the patch."""
+    published = "a\nb\nc\nd\ne\nf\ng\n"
+    (fp,) = patches.parse("--- a/x.py\n+++ b/x.py\n@@ -3,3 +3,4 @@\n c\n-d\n+D\n+D2\n e\n")
+    patched, how = patches.apply_text(published, fp)
+    assert how == "applied" and patched == "a\nb\nc\nD\nD2\ne\nf\ng\n"
+    assert patches.apply_text(patched, fp.reversed()) == (published, "applied")
+    assert fp.reversed().reversed() == fp

@@ -53,7 +53,7 @@ def load_service(patched: bool, tmp: Path):
     text = (Path(trinity.__file__).parents[1] / REL).read_text()
     (fp,) = patches.parse((patches.patches_dir() / the_patch().file).read_text())
     if "RELOAD_WAIT_VAR" in text:  # start from the file before this patch
-        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+        text = patches.apply_text(text, fp.reversed())[0]
     assert "RELOAD_WAIT_VAR" not in text
     if patched:
         text = patches.apply_text(text, fp)[0]

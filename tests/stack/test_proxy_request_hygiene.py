@@ -66,7 +66,7 @@ def load_app(patched: bool, tmp: Path):
     if "_read_json_object" not in text:
         pytest.fail("the installed Trinity lacks trinity-proxy-request-hygiene.patch: run `rftstack relax`")
     if not patched:
-        text = patches.apply_text(text, patches.FilePatch(fp.path, [patches.Hunk(h.old_start, h.after, h.before) for h in fp.hunks]))[0]
+        text = patches.apply_text(text, fp.reversed())[0]
     name = f"proxy_app_{'hygiene' if patched else 'before_hygiene'}"
     path = tmp / f"{name}.py"
     path.write_text(text)

@@ -48,6 +48,10 @@ class FilePatch:
     path: str  # relative to site-packages
     hunks: list[Hunk]
 
+    def reversed(self) -> "FilePatch":
+        """This patch turned around: applied to a patched file it gives the file as published."""
+        return FilePatch(self.path, [Hunk(h.old_start, h.after, h.before) for h in self.hunks])
+
 
 def patches_dir() -> Path:
     """patches/ of the repository (a checkout) or its copy inside the installed package."""
