@@ -583,7 +583,7 @@ def summary(result: dict) -> dict:
         for name in ("trinity", *SWITCHED, "manual"):
             if name in out["ready_s"]:
                 out[f"ready_ratio_{name.replace('-', '_')}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
-    switched = [(f"proxy_{n.removeprefix('trinity-')}", ph.get(n, {})) for n in LOADED[1:]]
+    switched = [(f"proxy_{n.removeprefix('trinity-')}", ph.get(n, {})) for n in SWITCHED if n in LOADED]
     out["throughput_ratio"] = _ratios(bare.get("load"), (
         ("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
         ("proxy", tri.get("load")), *((key, p.get("load")) for key, p in switched)))
