@@ -14,7 +14,10 @@ EngineCore are sampled together during one more proxy window at the last level (
 per process its threads, and its busiest thread's stages (bench/proxy_profile.py's rules) in CPU ms per response
 from that thread's /proc time. With ``--bare``, the same windows against
 bare ``vllm serve`` afterwards, plain and
-like the proxy (its API server and EngineCore's CPU; with ``--py-spy`` both sampled, like the proxy).
+like the proxy (its API server and EngineCore's CPU; with ``--py-spy`` both sampled, like the proxy), and the
+engine's own account of each window from its /metrics (bench/engine_metrics.py: steps/s, tokens per step, running
+requests, per-request time in the frontend against time scheduled). ``--bare-variants`` runs bare once per set of
+extra ``vllm serve`` arguments (e.g. ``default;--api-server-count 2``); ``--no-serve`` skips the serve.
 
     python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/profile-qwen3b.json \\
         [--concurrency 32,64] [--window-s 8] [--py-spy /tmp/py-spy] [--bare]
@@ -39,6 +42,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import engine_metrics  # noqa: E402
 import loadgen  # noqa: E402
 import proc_cpu  # noqa: E402
 import proxy_profile as pp  # noqa: E402
@@ -89,6 +93,13 @@ def run_loop(base: str, model: str, c: int, args, like_proxy: bool, during=None)
     finally:
         loop.stop = True
         loop.thread.join(timeout=90)
+
+
+def metered_loop(base: str, model: str, c: int, args, like_proxy: bool) -> dict:
+    """run_loop's window against a server with vLLM's /metrics, with the engine's account under "engine"."""
+    w = run_loop(base, model, c, args, like_proxy=like_proxy, during=lambda: engine_metrics.during_window(base, args.window_s))
+    w["engine"] = w.pop("during")
+    return w
 
 
 def thread_profile(stacks: list[tuple[list[str], int]], tid_cpu: dict[int, float], responses: int) -> dict:
@@ -249,14 +260,27 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
         save()
 
 
-def bare_phase(args, result: dict, out: Path, save) -> None:
+def bare_args(variant: str) -> list[str]:
+    """One ``--bare-variants`` entry as extra ``vllm serve`` arguments ("" or "default": none)."""
+    return [] if variant.strip() in ("", "default") else variant.split()
+
+
+def bare_phase(args, result: dict, out: Path, save, variant: str = "") -> None:
+    """Bare ``vllm serve`` (with ``variant``'s extra arguments), plain and like the proxy at each level, each
+    window with the engine's own account from its /metrics (bench/engine_metrics.py)."""
     port = svb.free_port()
     base = f"http://127.0.0.1:{port}"
+    extra = bare_args(variant)
     argv = ["vllm", "serve", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
-            str(args.gpu_util), "--max-model-len", str(args.max_model_len)]
-    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare.log", child_env())
+            str(args.gpu_util), "--max-model-len", str(args.max_model_len), *extra]
+    name = "-".join(a.lstrip("-") for a in extra)
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare{'-' + name if name else ''}.log", child_env())
     ph: dict = {"argv": argv}
-    result["bare"] = ph
+    if extra:
+        result.setdefault("bare_variants", {})[" ".join(extra)] = ph
+    else:
+        result["bare"] = ph
+    label = f"bare {' '.join(extra)}".strip()
     try:
         ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
         save()
@@ -265,13 +289,13 @@ def bare_phase(args, result: dict, out: Path, save) -> None:
             return
         ph["levels"] = {}
         for c in args.levels:
-            lv = ph["levels"][str(c)] = {"bare": run_loop(base, ph["ready"]["model"], c, args, like_proxy=False)}
-            say(f"c={c} bare: {summary_line(lv['bare'])}")
-            lv["bare_like_proxy"] = run_loop(base, ph["ready"]["model"], c, args, like_proxy=True)
-            say(f"c={c} bare, like the proxy: {summary_line(lv['bare_like_proxy'])}")
+            lv = ph["levels"][str(c)] = {"bare": metered_loop(base, ph["ready"]["model"], c, args, like_proxy=False)}
+            say(f"c={c} {label}: {summary_line(lv['bare'])}")
+            lv["bare_like_proxy"] = metered_loop(base, ph["ready"]["model"], c, args, like_proxy=True)
+            say(f"c={c} {label}, like the proxy: {summary_line(lv['bare_like_proxy'])}")
             save()
-        profile_and_say(ph, base, ph["ready"]["model"], args, out, ["*vllm serve", "VLLM::EngineCore"], "bare", save,
-                        like_proxy=True)
+        profile_and_say(ph, base, ph["ready"]["model"], args, out, ["*vllm serve", "VLLM::EngineCore"],
+                        "bare" + (f"-{name}" if name else ""), save, like_proxy=True)
     finally:
         ph["stop"] = proc.stop(grace_s=20)
         ph["gpu_memory_after_mib"] = svb.wait_gpu_free()
@@ -281,7 +305,15 @@ def bare_phase(args, result: dict, out: Path, save) -> None:
 def summary_line(w: dict) -> str:
     procs = ", ".join(f"{p['title'][:28]} {p['cores']} cores (top thread {p['top_threads'][0]['cores'] if p['top_threads'] else 0})"
                       for p in w["processes"][:4])
-    return f"{w['responses_per_s']} resp/s, p50 {w['latency_s']['p50']} s, p99 {w['latency_s']['p99']} s, errors {w['errors']}; {procs}"
+    eng = w.get("engine")
+    said = ""
+    if isinstance(eng, dict) and "steps_per_s" in eng:
+        said = (f"; engine: {eng['steps_per_s']} steps/s, {eng['tokens_per_step']} tokens/step, {eng['running_mean']} running, "
+                f"e2e {eng['mean_s']['e2e_request_latency']} s, inference {eng['mean_s']['request_inference_time']} s")
+    elif isinstance(eng, dict) and "error" in eng:
+        said = f"; engine: {eng['error']}"
+    return (f"{w['responses_per_s']} resp/s, p50 {w['latency_s']['p50']} s, p99 {w['latency_s']['p99']} s, errors {w['errors']}; "
+            f"{procs}{said}")
 
 
 def say(msg: str) -> None:
@@ -300,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--py-spy-s", type=int, default=8)
     ap.add_argument("--rate", type=int, default=100)
     ap.add_argument("--bare", action="store_true", help="also bare `vllm serve`, after the serve")
+    ap.add_argument("--bare-variants", default="",
+                    help="with --bare: ';'-separated extra `vllm serve` arguments, one bare run each, in order "
+                         "(\"default\" or empty: none), e.g. 'default;--api-server-count 2'")
+    ap.add_argument("--no-serve", action="store_true", help="skip `rftstack serve` (with --bare: bare runs only)")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
     ap.add_argument("--gpu-util", type=float, default=0.6)
     ap.add_argument("--max-model-len", type=int, default=2048)
@@ -312,6 +348,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.warmup_s < 0 or args.window_s <= 0 or args.py_spy_s < 1 or args.rate < 1:
         print("serve_profile: --window-s, --py-spy-s and --rate must be positive, --warmup-s not negative", file=sys.stderr)
+        return 2
+    args.variants = args.bare_variants.split(";") if args.bare_variants else [""]
+    if args.no_serve and not args.bare:
+        print("serve_profile: --no-serve leaves nothing to run; add --bare", file=sys.stderr)
+        return 2
+    if args.bare_variants and not args.bare:
+        print("serve_profile: --bare-variants needs --bare", file=sys.stderr)
+        return 2
+    if len({" ".join(bare_args(v)) for v in args.variants}) < len(args.variants):
+        print(f"serve_profile: --bare-variants {args.bare_variants!r} names a variant twice; give each once", file=sys.stderr)
         return 2
     if args.py_spy:
         args.py_spy = pp.resolve_py_spy(args.py_spy)
@@ -326,9 +372,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         out.write_text(json.dumps(result, indent=2) + "\n")
-    serve_phase(args, result, out, save)
+    if not args.no_serve:
+        serve_phase(args, result, out, save)
     if args.bare:
-        bare_phase(args, result, out, save)
+        for variant in args.variants:
+            bare_phase(args, result, out, save, variant)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     save()
     return 0
