@@ -17,7 +17,8 @@ bare ``vllm serve`` afterwards, plain and
 like the proxy (its API server and EngineCore's CPU; with ``--py-spy`` both sampled, like the proxy), and the
 engine's own account of each window from its /metrics (bench/engine_metrics.py: steps/s, tokens per step, running
 requests, per-request time in the frontend against time scheduled). ``--bare-variants`` runs bare once per set of
-extra ``vllm serve`` arguments (e.g. ``default;--api-server-count 2``); ``--no-serve`` skips the serve.
+extra ``vllm serve`` arguments (e.g. ``default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1``: ``NAME=VALUE`` words go to its
+environment); ``--no-serve`` skips the serve.
 
     python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/profile-qwen3b.json \\
         [--concurrency 32,64] [--window-s 8] [--py-spy /tmp/py-spy] [--bare]
@@ -32,6 +33,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -260,9 +262,18 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
         save()
 
 
+ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
 def bare_args(variant: str) -> list[str]:
-    """One ``--bare-variants`` entry as extra ``vllm serve`` arguments ("" or "default": none)."""
+    """One ``--bare-variants`` entry as its words ("" or "default": none): ``NAME=VALUE`` words set the
+    environment of that ``vllm serve`` (e.g. VLLM_USE_RUST_FRONTEND=1), the others are its arguments."""
     return [] if variant.strip() in ("", "default") else variant.split()
+
+
+def split_variant(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    env = dict(w.split("=", 1) for w in words if ENV_WORD.match(w))
+    return env, [w for w in words if not ENV_WORD.match(w)]
 
 
 def bare_phase(args, result: dict, out: Path, save, variant: str = "") -> None:
@@ -271,11 +282,12 @@ def bare_phase(args, result: dict, out: Path, save, variant: str = "") -> None:
     port = svb.free_port()
     base = f"http://127.0.0.1:{port}"
     extra = bare_args(variant)
+    env_extra, arg_extra = split_variant(extra)
     argv = ["vllm", "serve", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
-            str(args.gpu_util), "--max-model-len", str(args.max_model_len), *extra]
-    name = "-".join(a.lstrip("-") for a in extra)
-    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare{'-' + name if name else ''}.log", child_env())
-    ph: dict = {"argv": argv}
+            str(args.gpu_util), "--max-model-len", str(args.max_model_len), *arg_extra]
+    name = "-".join(a.lstrip("-").replace("=", "-") for a in extra)
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare{'-' + name if name else ''}.log", {**child_env(), **env_extra})
+    ph: dict = {"argv": argv, "env": env_extra}
     if extra:
         result.setdefault("bare_variants", {})[" ".join(extra)] = ph
     else:
@@ -334,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare", action="store_true", help="also bare `vllm serve`, after the serve")
     ap.add_argument("--bare-variants", default="",
                     help="with --bare: ';'-separated extra `vllm serve` arguments, one bare run each, in order "
-                         "(\"default\" or empty: none), e.g. 'default;--api-server-count 2'")
+                         "(\"default\" or empty: none; NAME=VALUE words: its environment), "
+                         "e.g. 'default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1'")
     ap.add_argument("--no-serve", action="store_true", help="skip `rftstack serve` (with --bare: bare runs only)")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
     ap.add_argument("--gpu-util", type=float, default=0.6)

@@ -120,6 +120,15 @@ def test_a_server_without_metrics_is_said_not_fatal(tmp_path):
         po.stop(double)
 
 
+def test_a_variants_environment_words_are_split_from_its_arguments():
+    import serve_profile as sp
+    words = sp.bare_args("VLLM_USE_RUST_FRONTEND=1 --distributed-executor-backend mp")
+    assert sp.split_variant(words) == ({"VLLM_USE_RUST_FRONTEND": "1"}, ["--distributed-executor-backend", "mp"])
+    assert sp.bare_args(" default ") == [] and sp.split_variant([]) == ({}, [])
+    # an argument's value with '=' is an argument, not the environment
+    assert sp.split_variant(["--override-generation-config={\"a\":1}"]) == ({}, ["--override-generation-config={\"a\":1}"])
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--no-serve"], "--no-serve leaves nothing to run; add --bare"),
     (["--bare-variants", "default;--api-server-count 2"], "--bare-variants needs --bare"),

@@ -37,9 +37,10 @@
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
 #   frontend3b  bench/serve_profile.py on the 3B shape without py-spy: rftstack serve (proxy and engine direct), then
-#              bare vLLM four times (default; --api-server-count 2; --distributed-executor-backend mp; both), each
-#              window plain and with the proxy's fields, with the engine's own account from /metrics (steps/s, tokens
-#              per step, running requests): does a second API server or a worker process give the fields back?
+#              bare vLLM five times (default; --api-server-count 2; --distributed-executor-backend mp; vLLM's Rust
+#              frontend, VLLM_USE_RUST_FRONTEND=1; that with mp), each window plain and with the proxy's fields, with
+#              the engine's own account from /metrics (steps/s, tokens per step, running requests): which frontend or
+#              executor gives the fields' cost back?
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
 #              sqlite-gc and hop-gc at c=32,64, 2000 requests a level, to set the host's CPU cost beside profile3b's
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
@@ -113,7 +114,7 @@ for step in "${steps[@]}"; do
                  --concurrency 32,64 --py-spy "${PY_SPY:-py-spy}" --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         frontend3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b.json" \
                  --concurrency 32,64 --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} --bare-variants \
-                 "default;--api-server-count 2;--distributed-executor-backend mp;--api-server-count 2 --distributed-executor-backend mp" ;;
+                 "default;--api-server-count 2;--distributed-executor-backend mp;VLLM_USE_RUST_FRONTEND=1;VLLM_USE_RUST_FRONTEND=1 --distributed-executor-backend mp" ;;
         proxycpu) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 2000 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
