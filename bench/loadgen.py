@@ -71,7 +71,12 @@ def max_tokens_for(i: int, max_tokens: int, spread: float) -> int:
     return random.Random(f"max_tokens/{i}").randint(lo, hi)
 
 
-def request_body(model: str, prompt: str, max_tokens: int, *, temperature: float, like_proxy: bool) -> dict:
+NUMERIC = "numeric"  # like_proxy's value for the proxy's request with numeric logprobs
+
+
+def request_body(model: str, prompt: str, max_tokens: int, *, temperature: float, like_proxy: bool | str) -> dict:
+    """One chat request; ``like_proxy`` True adds what Trinity's proxy adds (logprobs, token ids), NUMERIC also
+    the mark with which it asks for numeric logprobs (patches/trinity-proxy-numeric-logprobs.patch)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -81,6 +86,8 @@ def request_body(model: str, prompt: str, max_tokens: int, *, temperature: float
     }
     if like_proxy:
         body.update(logprobs=True, return_token_ids=True)
+    if like_proxy == NUMERIC:
+        body["vllm_xargs"] = {"rftstack_logprobs_numeric": 1}
     return body
 
 

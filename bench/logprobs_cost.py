@@ -10,6 +10,8 @@ Per response of ``--tokens`` generated tokens (seeded random ids of the tokenize
   chat logprobs      ``OpenAIServingChat._create_chat_logprobs`` (one ``ChatCompletionLogProbsContent`` per
                      token: the string, its UTF-8 bytes, the logprob)
   (the same with ``FlatLogprobs``, ``SamplingParams.flat_logprobs``: a variant the OpenAI server never selects)
+  (the same with numeric logprobs, patches/vllm-logprobs-numeric.patch: one float per token, no chat logprobs,
+   the floats as the choice's "rftstack_logprobs"; only when the installed vLLM carries that patch)
   response           ``ChatCompletionResponse(...).model_dump()`` then ``json.dumps`` (what vLLM's route returns
                      through starlette's ``JSONResponse``), with the logprobs and token ids, and plain
 
@@ -61,8 +63,15 @@ def serving_chat():
     return chat
 
 
+def numeric_logprobs_class():
+    """patches/vllm-logprobs-numeric.patch's NumericLogprobs, or None when the installed vLLM lacks it."""
+    from vllm.v1.engine import logprobs
+
+    return getattr(logprobs, "NumericLogprobs", None)
+
+
 def one_response(tokenizer, chat, prompt: list[int], ids: list[int], lps: list[float], fields: bool,
-                 flat: bool = False) -> dict[str, float]:
+                 flat: bool = False, numeric: bool = False) -> dict[str, float]:
     """Seconds per stage for one response (``fields``: with logprobs and token ids, as the proxy asks;
     ``flat``: the output processor keeps them in vLLM's ``FlatLogprobs``, ``SamplingParams.flat_logprobs``,
     which the OpenAI server does not set)."""
@@ -80,7 +89,17 @@ def one_response(tokenizer, chat, prompt: list[int], ids: list[int], lps: list[f
     t: dict[str, float] = {}
     text = tokenizer.decode(ids)
     logprobs = None
-    if fields:
+    numbers = None
+    if numeric:  # the patched processor's path (tokenizer None: nothing decoded), no chat logprobs
+        t0 = time.perf_counter()
+        proc = LogprobsProcessor(tokenizer=None, logprobs=numeric_logprobs_class()(), prompt_logprobs=None,
+                                 cumulative_logprob=0.0, num_logprobs=0, num_prompt_logprobs=None)
+        for tok, lp in zip(ids, lps):
+            proc._update_sample_logprobs(LogprobsLists(np.array([[tok]]), np.array([[lp]], dtype=np.float32),
+                                                       np.array([1]), None))
+        numbers = list(proc.logprobs)
+        t["output processor"] = time.perf_counter() - t0
+    elif fields:
         t0 = time.perf_counter()
         proc = LogprobsProcessor(tokenizer=tokenizer, logprobs=create_sample_logprobs(flat), prompt_logprobs=None, cumulative_logprob=0.0,
                                  num_logprobs=0, num_prompt_logprobs=None)
@@ -96,6 +115,8 @@ def one_response(tokenizer, chat, prompt: list[int], ids: list[int], lps: list[f
     choice = ChatCompletionResponseChoice(index=0, message=ChatMessage(role="assistant", content=text),
                                           logprobs=logprobs, finish_reason="length",
                                           token_ids=list(ids) if fields else None)
+    if numbers is not None:
+        choice.rftstack_logprobs = numbers  # as the patched route sets it
     resp = ChatCompletionResponse(model="m", choices=[choice], prompt_token_ids=list(prompt) if fields else None,
                                   usage=UsageInfo(prompt_tokens=len(prompt), completion_tokens=len(ids),
                                                   total_tokens=len(prompt) + len(ids)))
@@ -105,11 +126,12 @@ def one_response(tokenizer, chat, prompt: list[int], ids: list[int], lps: list[f
     return t
 
 
-def measure(tokenizer, responses: int, tokens: int, prompt_tokens: int, fields: bool, flat: bool = False) -> dict:
+def measure(tokenizer, responses: int, tokens: int, prompt_tokens: int, fields: bool, flat: bool = False,
+            numeric: bool = False) -> dict:
     chat = serving_chat()
     vocab = len(tokenizer)
     prompt = engine_output(vocab, prompt_tokens, 0)[0]
-    rows = [one_response(tokenizer, chat, prompt, *engine_output(vocab, tokens, i + 1), fields=fields, flat=flat)
+    rows = [one_response(tokenizer, chat, prompt, *engine_output(vocab, tokens, i + 1), fields=fields, flat=flat, numeric=numeric)
             for i in range(responses + 20)][20:]  # the first 20 warm caches up, not counted
     stages = [k for k in rows[0] if k != "bytes"]
     out = {k: round(1000 * statistics.median(r[k] for r in rows), 4) for k in stages}
@@ -140,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     plain = measure(tokenizer, args.responses, args.tokens, args.prompt_tokens, fields=False)
     fields = measure(tokenizer, args.responses, args.tokens, args.prompt_tokens, fields=True)
     flat = measure(tokenizer, args.responses, args.tokens, args.prompt_tokens, fields=True, flat=True)
+    numeric = (measure(tokenizer, args.responses, args.tokens, args.prompt_tokens, fields=True, numeric=True)
+               if numeric_logprobs_class() else None)
     from importlib import metadata
 
     result = {
@@ -151,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                                    "with the proxy's fields, FlatLogprobs": flat},
         "added_ms_per_response": round(fields["total"] - plain["total"], 4),
     }
+    if numeric:
+        result["ms_per_response_median"]["with the proxy's fields, numeric logprobs"] = numeric
+        result["added_ms_per_response_numeric"] = round(numeric["total"] - plain["total"], 4)
+    else:
+        result["numeric logprobs"] = "not measured: the installed vLLM lacks patches/vllm-logprobs-numeric.patch"
     text = json.dumps(result, indent=2) + "\n"
     if args.out:
         Path(args.out).write_text(text)

@@ -7,8 +7,9 @@ life) fails with HTTP 500 when ``k % fail_every == 0``, otherwise answers with
 ``delay_s``. Every request body is kept in ``bodies`` (unless ``keep_bodies=False``).
 
 Like vLLM, it returns ``prompt_token_ids`` and per-choice ``token_ids`` when the request asks for
-``return_token_ids``, and per-token ``logprobs.content`` when it asks for ``logprobs``: the fields
-Trinity's proxy records. Used by the tests and by bench/proxy_overhead.py (never for GPU numbers).
+``return_token_ids``, and per-token ``logprobs.content`` when it asks for ``logprobs`` (with
+``vllm_xargs.rftstack_logprobs_numeric``, as vLLM with patches/vllm-logprobs-numeric.patch: the numbers as
+``rftstack_logprobs``, ``logprobs`` null): the fields Trinity's proxy records. Used by the tests and by bench/proxy_overhead.py (never for GPU numbers).
 
     python bench/openai_double.py [--delay-s 0.0]    # prints "URL http://127.0.0.1:PORT", serves until killed
 """
@@ -81,7 +82,11 @@ class OpenAIDouble:
                 if body.get("return_token_ids"):
                     reply["prompt_token_ids"] = list(range(10))
                     choice["token_ids"] = [100 + i for i in range(n)]
-                if body.get("logprobs"):
+                xargs = body.get("vllm_xargs")
+                if body.get("logprobs") and isinstance(xargs, dict) and xargs.get("rftstack_logprobs_numeric") \
+                        and not body.get("top_logprobs"):  # as patches/vllm-logprobs-numeric.patch answers
+                    choice["logprobs"], choice["rftstack_logprobs"] = None, [-0.5] * n
+                elif body.get("logprobs"):
                     choice["logprobs"] = {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}] * n}
                 self._send(200, reply)
 

@@ -46,6 +46,9 @@ Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   offer       the load generator offers an HTTP/2 upgrade on every request (`Connection: Upgrade,
               HTTP2-Settings`, `Upgrade: h2c`), as the JDK's default HttpClient does; as published,
               httptools then drops every body (all requests fail)
+  numeric     the proxy asks for numeric logprobs (RFTSTACK_PROXY_NUMERIC_LOGPROBS=1,
+              patches/trinity-proxy-numeric-logprobs.patch; the double answers as the patched vLLM does);
+              without it every variant runs with 0 (upstream's logprobs objects)
 
     python bench/proxy_overhead.py --out bench/results/proxy-cpu.json \\
         [--variants hop,memory,sqlite,sqlite-shm,sqlite-wal,sqlite+quiet] [--concurrency 1,8,32,64] [--requests 400]
@@ -79,12 +82,13 @@ from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
             "sqlite-wal", "sqlite-pool1")
-FLAGS = ("quiet", "h11", "published", "offer")
+FLAGS = ("quiet", "h11", "published", "offer", "numeric")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
 FAST_FORWARD_VAR = "RFTSTACK_PROXY_FAST_FORWARD"  # read by the patched app.py
 GC_VAR = "RFTSTACK_PROXY_GC"  # read by the patched app.py
+NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # read by the patched app.py
 WARMUP = 8  # unmeasured requests before each level
 
 
@@ -108,6 +112,9 @@ def gc_setting(variant: str) -> str:
 
 def variants_problem(variants: list[str]) -> str | None:
     """Why ``--variants`` cannot run (one sentence, without the script's name), or None."""
+    twice = sorted({v for v in variants if variants.count(v) > 1})
+    if twice:
+        return f"variant {twice[0]!r} is named twice; name each once (run the script again to repeat it)"
     bad = [v for v in variants if v.partition("+")[0] not in VARIANTS or not flags(v) <= set(FLAGS)]
     if bad:
         return f"unknown variant {bad[0]!r}; choose from {', '.join(VARIANTS)} (optionally +{'/+'.join(FLAGS)})"
@@ -120,6 +127,9 @@ def variants_problem(variants: list[str]) -> str | None:
     if any(gc_setting(v) == "1" for v in variants) and not app_patch_installed(GC_VAR):
         return ("variants hop-gc and sqlite-gc need the gc patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-proxy-gc.patch)")
+    if any("numeric" in flags(v) for v in variants) and not app_patch_installed(NUMERIC_VAR):
+        return ("flag +numeric needs the numeric-logprobs patch in the installed Trinity; "
+                "run `rftstack relax` (it applies patches/trinity-proxy-numeric-logprobs.patch)")
     return None
 
 
@@ -173,6 +183,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process)."""
     os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when app.py is imported
     os.environ[GC_VAR] = gc_setting(variant)  # the same
+    os.environ[NUMERIC_VAR] = "1" if "numeric" in flags(variant) else "0"  # the same
     import uvicorn
 
     from trinity.explorer.proxy import app as proxy_app
@@ -235,6 +246,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
     print(f"FAST_FORWARD {os.environ[FAST_FORWARD_VAR]}", flush=True)
+    print(f"NUMERIC_LOGPROBS {int(getattr(proxy_app, '_NUMERIC_LOGPROBS', False))}", flush=True)
     if group_commit is not None:
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     gc_events = record_gc()
@@ -419,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
             fast = [ln for ln in log if ln.startswith("FAST_FORWARD ")]
             if fast:
                 r["proxy_fast_forward"] = fast[-1].split()[1] == "1"
+            numeric = [ln for ln in log if ln.startswith("NUMERIC_LOGPROBS ")]
+            if numeric:
+                r["proxy_numeric_logprobs"] = numeric[-1].split()[1] == "1"
             group = [ln for ln in log if ln.startswith("GROUP_COMMIT ")]
             if group:
                 r["recorder_group_commit"] = group[-1].split()[1] == "1"

@@ -243,10 +243,10 @@ def cpu_split(pid: int) -> tuple[float, float]:
 class Load:
     """Closed loop of ``concurrency`` clients in a thread of this process; each completion's time, ok and
     latency kept. ``model``: the model to ask for (default: the first of /v1/models); ``like_proxy``: ask for
-    logprobs and token ids, as Trinity's proxy does."""
+    logprobs and token ids, as Trinity's proxy does (loadgen.NUMERIC: with numeric logprobs)."""
 
     def __init__(self, base: str, concurrency: int, max_tokens: int, *, model: str | None = None,
-                 like_proxy: bool = False) -> None:
+                 like_proxy: bool | str = False) -> None:
         self.base, self.concurrency, self.max_tokens = base, concurrency, max_tokens
         self.model, self.like_proxy = model, like_proxy
         self.done: list[tuple[float, bool, float]] = []

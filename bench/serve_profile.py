@@ -18,7 +18,8 @@ like the proxy (its API server and EngineCore's CPU; with ``--py-spy`` both samp
 engine's own account of each window from its /metrics (bench/engine_metrics.py: steps/s, tokens per step, running
 requests, per-request time in the frontend against time scheduled). ``--bare-variants`` runs bare once per set of
 extra ``vllm serve`` arguments (e.g. ``default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1``: ``NAME=VALUE`` words go to its
-environment); ``--no-serve`` skips the serve.
+environment); ``--no-serve`` skips the serve; ``--numeric`` adds a window per level with the proxy's fields and numeric
+logprobs (straight to the engine, and to bare: what patches/vllm-logprobs-numeric.patch saves the frontend).
 
     python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/profile-qwen3b.json \\
         [--concurrency 32,64] [--window-s 8] [--py-spy /tmp/py-spy] [--bare]
@@ -86,7 +87,7 @@ def measured_window(loop: Loop, seconds: float, during=None) -> dict:
     return out
 
 
-def run_loop(base: str, model: str, c: int, args, like_proxy: bool, during=None) -> dict:
+def run_loop(base: str, model: str, c: int, args, like_proxy: bool | str, during=None) -> dict:
     loop = Loop(base, c, args.max_tokens, model=model, like_proxy=like_proxy)
     loop.thread.start()
     try:
@@ -97,7 +98,7 @@ def run_loop(base: str, model: str, c: int, args, like_proxy: bool, during=None)
         loop.thread.join(timeout=90)
 
 
-def metered_loop(base: str, model: str, c: int, args, like_proxy: bool) -> dict:
+def metered_loop(base: str, model: str, c: int, args, like_proxy: bool | str) -> dict:
     """run_loop's window against a server with vLLM's /metrics, with the engine's account under "engine"."""
     w = run_loop(base, model, c, args, like_proxy=like_proxy, during=lambda: engine_metrics.during_window(base, args.window_s))
     w["engine"] = w.pop("during")
@@ -253,6 +254,10 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
                 lv["engine"] = run_loop(engines[0], model, c, args, like_proxy=True)
                 say(f"c={c} engine direct: {summary_line(lv['engine'])}")
                 save()
+                if args.numeric:
+                    lv["engine_numeric"] = run_loop(engines[0], model, c, args, like_proxy=loadgen.NUMERIC)
+                    say(f"c={c} engine direct, numeric logprobs: {summary_line(lv['engine_numeric'])}")
+                    save()
         profile_and_say(ph, base, model, args, out, ["ray::Explorer", "ray::vLLMRolloutModel", "VLLM::EngineCore"],
                         "serve", save)
     finally:
@@ -305,6 +310,9 @@ def bare_phase(args, result: dict, out: Path, save, variant: str = "") -> None:
             say(f"c={c} {label}: {summary_line(lv['bare'])}")
             lv["bare_like_proxy"] = metered_loop(base, ph["ready"]["model"], c, args, like_proxy=True)
             say(f"c={c} {label}, like the proxy: {summary_line(lv['bare_like_proxy'])}")
+            if args.numeric:
+                lv["bare_like_proxy_numeric"] = metered_loop(base, ph["ready"]["model"], c, args, like_proxy=loadgen.NUMERIC)
+                say(f"c={c} {label}, like the proxy with numeric logprobs: {summary_line(lv['bare_like_proxy_numeric'])}")
             save()
         profile_and_say(ph, base, ph["ready"]["model"], args, out, ["*vllm serve", "VLLM::EngineCore"],
                         "bare" + (f"-{name}" if name else ""), save, like_proxy=True)
@@ -349,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(\"default\" or empty: none; NAME=VALUE words: its environment), "
                          "e.g. 'default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1'")
     ap.add_argument("--no-serve", action="store_true", help="skip `rftstack serve` (with --bare: bare runs only)")
+    ap.add_argument("--numeric", action="store_true",
+                    help="one more window per level with the proxy's fields and numeric logprobs, straight to the engine "
+                         "and to bare (patches/vllm-logprobs-numeric.patch)")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
     ap.add_argument("--gpu-util", type=float, default=0.6)
     ap.add_argument("--max-model-len", type=int, default=2048)

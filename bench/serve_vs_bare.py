@@ -24,6 +24,10 @@ Phases (each hard time-bounded, processes always stopped, results written after 
            the same with RFTSTACK_ENGINE_EXECUTOR=mp (vLLM's worker in its own process beside the EngineCore,
            as upstream Trinity; the default, patches/trinity-engine-uni-executor.patch, runs it inside the
            EngineCore): time to ready and the proxy's load, side by side with `trinity` in one run
+  trinity-nonumeric
+           the same with RFTSTACK_PROXY_NUMERIC_LOGPROBS=0 (the proxy asks for upstream's logprobs objects,
+           without patches/trinity-proxy-numeric-logprobs.patch's numeric logprobs), side by side with
+           `trinity` in one run
   trinity-cold
            time to ready of `rftstack serve` with RFTSTACK_WARM_WORKERS=0 (its own Ray head without
            warm workers, Trinity's job with its runtime_env: every actor in a new process, as plain
@@ -74,6 +78,7 @@ from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E
 
 EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor.patch: auto (default) or mp
 WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
+NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # patches/trinity-proxy-numeric-logprobs.patch: 1 (default) or 0
 from rftstack.doctor.netstat import free_port
 
 # the phases that run `trinity` with one variable set (one patch switched off, or another executor):
@@ -83,6 +88,7 @@ SWITCHED = {
     "trinity-noff": (FAST_FORWARD_VAR, "0"),
     "trinity-nogc": (GC_VAR, "0"),
     "trinity-mp": (EXECUTOR_VAR, "mp"),
+    "trinity-nonumeric": (NUMERIC_VAR, "0"),
     "trinity-cold": (WARM_VAR, "0"),
 }
 LOADED = ("trinity", *(n for n in SWITCHED if n != "trinity-cold"))  # the phases that get the proxy's load

@@ -91,29 +91,31 @@ def add_trinity_proxy(site: Path) -> Path:
 
 VERL_REL = "verl/utils/attention_utils.py"
 RAY_REL = "ray/_private/services.py"
+VLLM_RELS = ("vllm/entrypoints/openai/chat_completion/serving.py", "vllm/v1/engine/logprobs.py")
 
 
-def add_dist_file(site: Path, module: str, dist: str, rel: str) -> Path:
-    """The installed ``module``'s file ``rel`` (un-patched with the reverse of ``dist``'s policy patch
-    when the venv's copy is patched) with the distribution's dist-info (METADATA and a RECORD naming
-    that file): enough for rftstack's patch machinery."""
+def add_dist_file(site: Path, module: str, dist: str, *rels: str) -> Path:
+    """The installed ``module``'s files ``rels`` (each un-patched with the reverse of ``dist``'s policy
+    patches' hunks for it when the venv's copy is patched) with the distribution's dist-info (METADATA
+    and a RECORD naming those files): enough for rftstack's patch machinery."""
     import importlib.util
 
     spec = importlib.util.find_spec(module)  # found, not imported (an import of Ray or vLLM takes seconds)
     assert spec is not None and spec.origin, f"{module} is not installed"
     real_site = Path(spec.origin).parents[1]
-    text = (real_site / rel).read_text()
-    (p,) = [p for p in policy.load().patches if p.dist == dist]
-    for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
-        back = fp.reversed()
-        if "rftstack patch" in text:
-            text = patches.apply_text(text, back)[0]
-    (site / rel).parent.mkdir(parents=True, exist_ok=True)
-    (site / rel).write_text(text)
+    own = [p for p in policy.load().patches if p.dist == dist]
+    for rel in rels:
+        text = (real_site / rel).read_text()
+        for p in reversed(own):  # undo in the reverse order of application
+            for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
+                if fp.path == rel and "rftstack patch" in text:
+                    text = patches.apply_text(text, fp.reversed())[0]
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
     real_info = next(real_site.glob(f"{dist.replace('-', '_')}-*.dist-info"))
     (site / real_info.name).mkdir()
     shutil.copy(real_info / "METADATA", site / real_info.name / "METADATA")
-    (site / real_info.name / "RECORD").write_text(f"{rel},,\n")
+    (site / real_info.name / "RECORD").write_text("".join(f"{rel},,\n" for rel in rels))
     return site
 
 
@@ -125,3 +127,8 @@ def add_verl(site: Path) -> Path:
 def add_ray(site: Path) -> Path:
     """The installed Ray's _private/services.py (un-patched) with Ray's dist-info."""
     return add_dist_file(site, "ray", "ray", RAY_REL)
+
+
+def add_vllm(site: Path) -> Path:
+    """The installed vLLM's patched files (un-patched) with vLLM's dist-info."""
+    return add_dist_file(site, "vllm", "vllm", *VLLM_RELS)

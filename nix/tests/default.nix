@@ -83,10 +83,12 @@ in
           "trinity-explorer-node.patch" "trinity-proxy-feedback-errors.patch" "trinity-recorder-group-commit.patch" "trinity-proxy-reload-wait.patch"
           "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-fast-forward.patch"
           "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch"
-          "trinity-launcher-head-env.patch" "trinity-engine-uni-executor.patch" "trinity-coordinator-early.patch" ];
+          "trinity-launcher-head-env.patch" "trinity-engine-uni-executor.patch" "trinity-coordinator-early.patch"
+          "trinity-proxy-numeric-logprobs.patch" ];
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
       verl = { version = "0.8.0"; files = [ "verl-unpad-without-flash-attn.patch" ]; };
+      vllm = { version = "0.23.0"; files = [ "vllm-logprobs-numeric.patch" ]; };
     };
   };
   testPatchCommand = {
@@ -130,7 +132,7 @@ in
         verlEdited = has "dist-info-edit.sh 'py' \"[$]out/lib/site\" 'verl' '0.8.0' --replace 'numpy<2.0.0'" out.verl.postInstall;
         verlPatched = has "patches.py' \"[$]out/lib/site\" --policy '[^']*policy.toml' --patches '[^']*rftstack-patches' --dist 'verl'" out.verl.postInstall;
       };
-      expected = { dists = [ "ray" "torch" "trinity-rft" "uvicorn" "verl" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlPatched = true; };
+      expected = { dists = [ "ray" "torch" "trinity-rft" "uvicorn" "verl" "vllm" ]; torchPatched = true; torchNotEdited = true; verlEdited = true; verlPatched = true; };
     };
   testQuoting = { expr = policyLib.q "it's"; expected = "'it'\\''s'"; };
   testGlobToEre = { expr = policyLib.globToEre "nvidia-*-cu12"; expected = "nvidia-[A-Za-z0-9._-]*-cu12"; };

@@ -72,6 +72,16 @@ def test_like_proxy_sends_what_trinitys_proxy_adds(tmp_path):
     assert json.loads(r.stdout)["levels"][0]["ok"] == 4
     assert len(bodies) == 4 + 2  # two warm-up requests by default
     assert all(b["logprobs"] is True and b["return_token_ids"] is True and b["temperature"] == 0.5 for b in bodies)
+    assert not any("vllm_xargs" in b for b in bodies)
+
+
+def test_like_proxy_numeric_adds_the_numeric_mark():
+    import loadgen
+
+    body = loadgen.request_body("m", "p", 4, temperature=1.0, like_proxy=loadgen.NUMERIC)
+    assert body["logprobs"] is True and body["return_token_ids"] is True
+    assert body["vllm_xargs"] == {"rftstack_logprobs_numeric": 1}
+    assert "vllm_xargs" not in loadgen.request_body("m", "p", 4, temperature=1.0, like_proxy=True)
 
 
 def test_level_time_limit_truncates():

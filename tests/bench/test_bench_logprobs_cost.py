@@ -28,6 +28,12 @@ def test_the_fields_add_vllms_logprobs_stages_and_bytes(tmp_path):
     assert fields["total"] > plain["total"] > 0 and res["added_ms_per_response"] > 0
     assert fields["response_bytes"] > 3 * plain["response_bytes"]
     assert res["vocab"] == 382 and res["tokens"] == 16
+    # numeric logprobs (the venv carries the policy's patches): no chat logprobs stage, the floats in the answer
+    numeric = res["ms_per_response_median"]["with the proxy's fields, numeric logprobs"]
+    assert set(numeric) == {"output processor", "response (model_dump + json)", "total", "response_bytes"}
+    # the token ids stay; each token's logprob is a number, not an object of about 100 bytes
+    assert plain["response_bytes"] < numeric["response_bytes"] < fields["response_bytes"] - 40 * 16
+    assert res["added_ms_per_response_numeric"] == pytest.approx(numeric["total"] - plain["total"], abs=1e-3)
 
 
 @pytest.mark.parametrize("argv, says", [(["--tokens", "0"], "must be positive"),

@@ -39,6 +39,13 @@ def test_unknown_variant_is_one_sentence(tmp_path):
     assert r.returncode == 2 and "unknown variant 'postgres'" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_variant_named_twice_is_one_sentence(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(tmp_path / "x.json"),
+                        "--variants", "hop,sqlite,hop"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "variant 'hop' is named twice" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_group_commit_setting_per_variant():
     import proxy_overhead as po
 
@@ -123,3 +130,22 @@ def test_sqlite_fast_and_sqlite_gc_side_by_side(tmp_path):
         assert run["levels"][0]["ok"] == 24 and run["recorded_rows"] == 8 + 24
         assert len(run["gc"]["collections"]) == 3 and run["gc"]["wall_ms_per_response"] is not None
     assert "gc_max_pause_ms" in res["summary"]["sqlite-gc"]
+
+
+@pytest.mark.slow
+def test_numeric_flag_side_by_side(tmp_path):
+    """sqlite-gc with upstream's logprobs objects and with +numeric (the double answering as the patched vLLM):
+    every response recorded by both, the proxy's switch as the flag says."""
+    import proxy_overhead as po
+
+    out = tmp_path / "n.json"
+    r = overhead(out, "sqlite-gc,sqlite-gc+numeric", 8, 24, 5)
+    if not po.app_patch_installed(po.NUMERIC_VAR):
+        assert r.returncode == 2 and "needs the numeric-logprobs patch" in r.stderr and "Traceback" not in r.stderr
+        return
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for v, on in (("sqlite-gc", False), ("sqlite-gc+numeric", True)):
+        run = res["runs"][v]
+        assert run["proxy_numeric_logprobs"] is on
+        assert run["levels"][0]["ok"] == 24 and run["recorded_rows"] == 8 + 24

@@ -278,6 +278,7 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
     ("trinity-noff", "noff", 64, (1000.0, 950.0, 610.0), (960.0, 700.0), (0.95, 0.61, 0.7), ("FAST_FORWARD_VAR", "RFTSTACK_PROXY_FAST_FORWARD")),
     ("trinity-nogc", "nogc", 32, (1000.0, 900.0, 800.0), (960.0, 920.0), (0.9, 0.8, 0.92), ("GC_VAR", "RFTSTACK_PROXY_GC")),
     ("trinity-mp", "mp", 64, (1000.0, 600.0, 750.0), (700.0, 900.0), (0.6, 0.75, 0.9), ("EXECUTOR_VAR", "RFTSTACK_ENGINE_EXECUTOR")),
+    ("trinity-nonumeric", "nonumeric", 64, (1000.0, 800.0, 650.0), (900.0, 800.0), (0.8, 0.65, 0.8), ("NUMERIC_VAR", "RFTSTACK_PROXY_NUMERIC_LOGPROBS")),
 ])
 def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps, spread, ratios, var):
     """The phases that run the proxy with one patch switched off get their own ratios beside the proxy's."""

@@ -86,6 +86,35 @@ def test_the_loop_window_counts_responses_and_latency(tmp_path):
         po.stop(double)
 
 
+def test_the_numeric_window_asks_for_numeric_logprobs(tmp_path):
+    """--numeric's window: the loop's requests carry the mark, and the TEST DOUBLE (answering as the patched
+    vLLM) returns the numbers, not the objects."""
+    import json
+    import urllib.request
+
+    import loadgen
+
+    double, url = po.start_double(tmp_path)
+    try:
+        body = loadgen.request_body("double", "hi", 5, temperature=1.0, like_proxy=loadgen.NUMERIC)
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            choice = json.loads(r.read())["choices"][0]
+        assert choice["logprobs"] is None and len(choice["rftstack_logprobs"]) == 5 and len(choice["token_ids"]) == 5
+        loop = sp.Loop(url, 2, 5, model="double", like_proxy=loadgen.NUMERIC)
+        loop.thread.start()
+        try:
+            time.sleep(0.3)
+            w = sp.measured_window(loop, 0.5)
+        finally:
+            loop.stop = True
+            loop.thread.join(timeout=30)
+        assert w["responses"] > 0 and w["errors"] == 0
+    finally:
+        po.stop(double)
+
+
 LOOP_IN_THREAD = r"""
 import asyncio, threading, time
 async def busy():

@@ -34,6 +34,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 MODEL_ID = "test-double-vllm"
 
 
+def numeric_asked(body: dict) -> bool:
+    """A non-streamed request that the patched vLLM answers with numeric logprobs (vllm_xargs'
+    rftstack_logprobs_numeric, no top_logprobs, no prompt logprobs)."""
+    xargs = body.get("vllm_xargs")
+    return (isinstance(xargs, dict) and bool(xargs.get("rftstack_logprobs_numeric")) and not body.get("stream")
+            and not body.get("top_logprobs") and body.get("prompt_logprobs") is None)
+
+
 def planned(body: dict) -> dict:
     """The double's deterministic 'generation' for a request body: prompt ids, output ids, logprobs."""
     text = "".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -152,7 +160,9 @@ class VLLMStreamDouble:
                   "finish_reason": p["finish_reason"], "stop_reason": None}
         if body.get("return_token_ids"):
             choice["token_ids"] = p["token_ids"]
-        if body.get("logprobs"):
+        if body.get("logprobs") and numeric_asked(body):  # as patches/vllm-logprobs-numeric.patch answers
+            choice["logprobs"], choice["rftstack_logprobs"] = None, list(p["logprobs"])
+        elif body.get("logprobs"):
             choice["logprobs"] = {"content": [{"token": f"t{t}", "logprob": lp, "bytes": list(f"t{t}".encode()), "top_logprobs": []}
                                               for t, lp in zip(p["token_ids"], p["logprobs"])]}
         out = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": MODEL_ID, "choices": [choice],

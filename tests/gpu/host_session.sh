@@ -33,6 +33,9 @@
 #              (RFTSTACK_ENGINE_EXECUTOR=mp, upstream's worker process) in one run, c=32,64, 8 rounds per level, equal
 #              and spread lengths: throughput and time to ready of both executors side by side (run it second on a
 #              machine, after a 3B step, for warm caches)
+#   proxy3b-numeric  the 3B shape: bare, trinity (numeric logprobs, the default), trinity-nonumeric
+#              (RFTSTACK_PROXY_NUMERIC_LOGPROBS=0: upstream's logprobs objects) and trinity-mp (numeric, mp executor)
+#              in one run, c=32,64, 8 rounds per level, equal and spread lengths: the numeric-logprobs patches' effect
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -41,6 +44,8 @@
 #              frontend, VLLM_USE_RUST_FRONTEND=1; that with mp), each window plain and with the proxy's fields, with
 #              the engine's own account from /metrics (steps/s, tokens per step, running requests): which frontend or
 #              executor gives the fields' cost back?
+#   frontend3b-numeric  the same, with --numeric (one more window per level: the proxy's fields with numeric
+#              logprobs, straight to Trinity's engine and to bare), bare as default and with mp only
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
 #              sqlite-gc and hop-gc at c=32,64, 2000 requests a level, to set the host's CPU cost beside profile3b's
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
@@ -110,11 +115,16 @@ for step in "${steps[@]}"; do
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-exec) bench --model /tmp/bench/qwen3b --label qwen3b-exec --phases bare,trinity,trinity-mp --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
+        proxy3b-numeric) bench --model /tmp/bench/qwen3b --label qwen3b-numeric --phases bare,trinity,trinity-nonumeric,trinity-mp \
+                 --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \
                  --concurrency 32,64 --py-spy "${PY_SPY:-py-spy}" --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         frontend3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b.json" \
                  --concurrency 32,64 --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} --bare-variants \
                  "default;--api-server-count 2;--distributed-executor-backend mp;VLLM_USE_RUST_FRONTEND=1;VLLM_USE_RUST_FRONTEND=1 --distributed-executor-backend mp" ;;
+        frontend3b-numeric) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-numeric.json" \
+                 --concurrency 32,64 --bare --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} \
+                 --bare-variants "default;--distributed-executor-backend mp" ;;
         proxycpu) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 2000 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;

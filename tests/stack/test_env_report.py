@@ -24,7 +24,7 @@ def test_env_on_the_synced_stack_is_clean():
     assert rep["problems"] == []
     # CI runs `rftstack relax` after `uv sync`, which patches torch; the shared dev venv may not be
     states = {p["patch"]: p["state"] for p in rep["patches"]}
-    assert {p["dist"] for p in rep["patches"]} == {"ray", "torch", "trinity-rft", "uvicorn", "verl"}
+    assert {p["dist"] for p in rep["patches"]} == {"ray", "torch", "trinity-rft", "uvicorn", "verl", "vllm"}
     assert set(states.values()) <= {"already", "pending"}
     assert rep["ok"] is (set(states.values()) == {"already"}) and r.returncode == (0 if rep["ok"] else 1)
     assert rep["key_packages"]["vllm"] == {"locked": "0.23.0", "installed": "0.23.0", "state": "ok"}

@@ -13,7 +13,7 @@ import uvicorn_helpers
 from rftstack.stack import patches
 from rftstack.stack import policy
 
-from patch_helpers import add_ray, add_trinity, add_verl
+from patch_helpers import add_ray, add_trinity, add_verl, add_vllm
 
 TORCH = Path(torch.__file__).parent
 SITE = TORCH.parent
@@ -41,6 +41,7 @@ def site(tmp_path):
     uvicorn_helpers.add_uvicorn(tmp_path)
     add_verl(tmp_path)
     add_ray(tmp_path)
+    add_vllm(tmp_path)
     return tmp_path
 
 
@@ -154,6 +155,10 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "ray-prestart-workers.patch: ray/_private/services.py: applied",
         "trinity-engine-uni-executor.patch: trinity/common/models/vllm_model.py: applied",
         "trinity-coordinator-early.patch: trinity/explorer/explorer.py: applied",
+        "vllm-logprobs-numeric.patch: vllm/entrypoints/openai/chat_completion/serving.py: applied",
+        "vllm-logprobs-numeric.patch: vllm/v1/engine/logprobs.py: applied",
+        "trinity-proxy-numeric-logprobs.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-numeric-logprobs.patch: trinity/explorer/proxy/service.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())

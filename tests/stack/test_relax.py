@@ -62,6 +62,7 @@ def site(tmp_path, published_wheels) -> Path:
                                     or n == "verl/utils/attention_utils.py"])  # the policy patches that file  # fmt: skip
     uvicorn_helpers.add_uvicorn(site)  # the policy patches uvicorn's httptools protocol too
     add_ray(site)  # and Ray's start_raylet (the installed copy, un-patched, with its dist-info)
+    add_vllm(site)  # and vLLM's logprobs processor and chat route (the same)
     return site
 
 
@@ -198,7 +199,7 @@ def test_standalone_script_runs_on_a_bare_python(torch_site, tmp_path):
 
 # --- [[patch]]: relax applies the policy's source patches too ----------------------------------
 
-from patch_helpers import TORCH_REL, add_ray, add_torch
+from patch_helpers import TORCH_REL, add_ray, add_torch, add_vllm
 import uvicorn_helpers
 from patch_helpers import torch_patch as _torch_patch
 
