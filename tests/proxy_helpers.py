@@ -4,18 +4,22 @@ and Trinity's proxy app in a child process (tests/doubles/trinity_proxy_host.py)
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from fastapi import FastAPI
 
 from rftstack.stack import patches
@@ -23,6 +27,42 @@ from rftstack.stack import policy
 from rftstack.doctor.netstat import free_port
 
 DOUBLES = Path(__file__).resolve().parent / "doubles"
+
+
+class InThreadServer:
+    """An ASGI app served by uvicorn in a thread of this process on a free loopback port (the tests'
+    upstream doubles), as a context manager; ``config``: more uvicorn.Config settings."""
+
+    def __init__(self, app, **config) -> None:
+        import uvicorn
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])), daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        end = time.monotonic() + 30
+        while not self._server.started:
+            assert time.monotonic() < end and self._thread.is_alive(), "the upstream double did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+
+def assert_bad_switch_stops_the_proxy(monkeypatch, work: Path, upstream: str, var: str) -> None:
+    """A patch's switch ``var`` set to neither 0 nor 1: the proxy does not start, and what it printed names
+    the variable and its values (the patch refuses the value when app.py is imported)."""
+    monkeypatch.setenv(var, "yes")
+    with pytest.raises(RuntimeError, match="the proxy exited") as e:
+        Proxy(upstream, work, None)
+    assert f"{var} must be 1" in str(e.value)
 
 
 def post(url: str, body: dict) -> dict:

@@ -19,12 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import sqlite3
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -32,7 +29,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from patch_helpers import VLLM_RELS
-from proxy_helpers import Proxy
+from proxy_helpers import InThreadServer, Proxy, assert_bad_switch_stops_the_proxy
 from rftstack.stack import patches, policy
 
 KEY = "rftstack_logprobs_numeric"
@@ -258,7 +255,7 @@ def test_proxy_marks_only_unstreamed_requests_without_logprobs():
     assert not ask(body, False) and body == {}
 
 
-class VllmLikeUpstream:
+class VllmLikeUpstream(InThreadServer):
     """The proxy's upstream: each body answered by vllm_answer (real vLLM code, TEST DOUBLE tokens);
     ``bodies`` the requests it got, ``answers[id]`` what it answered."""
 
@@ -275,26 +272,7 @@ class VllmLikeUpstream:
             self.answers[out["id"]] = out
             return out
 
-        import uvicorn
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])), daemon=True)
-
-    def __enter__(self) -> VllmLikeUpstream:
-        self._thread.start()
-        end = time.monotonic() + 30
-        while not self._server.started:
-            assert time.monotonic() < end and self._thread.is_alive(), "the upstream did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
+        super().__init__(app)
 
 
 @pytest.fixture(scope="module")
@@ -360,7 +338,4 @@ def test_proxy_request_answer_and_experience(switch, monkeypatch, tmp_path, upst
 
 
 def test_a_bad_proxy_switch_stops_the_proxy_with_a_sentence(monkeypatch, tmp_path, upstream):
-    monkeypatch.setenv(PROXY_VAR, "yes")
-    with pytest.raises(RuntimeError, match="the proxy exited") as e:
-        Proxy(upstream.base_url, tmp_path / "bad", None)
-    assert f"{PROXY_VAR} must be 1" in str(e.value)
+    assert_bad_switch_stops_the_proxy(monkeypatch, tmp_path / "bad", upstream.base_url, PROXY_VAR)

@@ -23,10 +23,7 @@ import asyncio
 import concurrent.futures
 import json
 import math
-import socket
 import sqlite3
-import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -35,7 +32,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from proxy_helpers import Proxy, free_port
+from proxy_helpers import InThreadServer, Proxy, assert_bad_switch_stops_the_proxy, free_port
 
 VAR = "RFTSTACK_PROXY_FAST_FORWARD"
 ENGINE_DATE = "Mon, 01 Jan 2024 00:00:00 GMT"
@@ -45,7 +42,7 @@ TRACEBACK_MESSAGE = ("1 validation error:\n  {'type': 'missing', 'loc': ('body',
                      "    POST /v1/chat/completions")
 
 
-class IndentedUpstream:
+class IndentedUpstream(InThreadServer):
     """TEST DOUBLE of vLLM's chat endpoint: token ids and logprobs, the JSON indented; ``sent[id]`` is
     the exact bytes of each answer, ``bodies`` the requests it got."""
 
@@ -75,26 +72,7 @@ class IndentedUpstream:
             self.sent[rid] = raw = json.dumps(out, indent=1).encode()
             return Response(content=raw, media_type="application/json", headers=own)
 
-        import uvicorn
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", server_header=False, date_header=False))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])), daemon=True)
-
-    def __enter__(self) -> "IndentedUpstream":
-        self._thread.start()
-        end = time.monotonic() + 30
-        while not self._server.started:
-            assert time.monotonic() < end and self._thread.is_alive(), "the upstream double did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
+        super().__init__(app, server_header=False, date_header=False)
 
 
 @pytest.fixture(scope="module")
@@ -195,9 +173,7 @@ def test_fast_unreachable_upstream_is_a_502_as_upstream(monkeypatch, tmp_path):
 
 
 def test_a_bad_switch_value_stops_the_proxy_with_a_sentence(monkeypatch, tmp_path, upstream):
-    with pytest.raises(RuntimeError, match="the proxy exited") as e:
-        proxy(monkeypatch, tmp_path, upstream.base_url, "yes")
-    assert f"{VAR} must be 1" in str(e.value)
+    assert_bad_switch_stops_the_proxy(monkeypatch, tmp_path / "fastyes", upstream.base_url, VAR)
 
 
 def test_the_session_to_the_engine_as_documented():

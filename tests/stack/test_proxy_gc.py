@@ -26,7 +26,7 @@ import pytest
 from rftstack.stack import policy
 
 from patch_helpers import installed_without
-from proxy_helpers import Proxy
+from proxy_helpers import Proxy, assert_bad_switch_stops_the_proxy
 
 VAR = "RFTSTACK_PROXY_GC"
 REL = "trinity/explorer/proxy/app.py"
@@ -158,7 +158,4 @@ def test_the_proxy_says_so_and_records_every_response_before_returning_it(monkey
 
 
 def test_a_bad_value_stops_the_proxy_with_a_sentence(monkeypatch, tmp_path, double):
-    monkeypatch.setenv(VAR, "yes")
-    with pytest.raises(RuntimeError, match="the proxy exited") as e:
-        Proxy(double.base_url, tmp_path / "proxy", None)
-    assert f"{VAR} must be 1" in str(e.value)
+    assert_bad_switch_stops_the_proxy(monkeypatch, tmp_path / "proxy", double.base_url, VAR)
