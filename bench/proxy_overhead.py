@@ -159,9 +159,7 @@ def published_httptools_protocol(workdir: str) -> type:
 
     (p,) = [p for p in policy.load().patches if p.file == UPGRADE_PATCH]
     (fp,) = patches.parse((patches.patches_dir() / p.file).read_text())
-    text = (Path(uvicorn.__file__).parents[1] / fp.path).read_text()
-    if "rftstack patch" in text:
-        text = patches.apply_text(text, fp.reversed())[0]
+    text = patches.undo((Path(uvicorn.__file__).parents[1] / fp.path).read_text(), patches.patches_dir() / p.file, fp.path)
     path = Path(workdir) / "httptools_impl_published.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location("httptools_impl_published", path)

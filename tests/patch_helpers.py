@@ -19,9 +19,8 @@ def installed_without(patch_file: str, rel: str, tmp_dir: Path, name: str) -> tu
     import trinity
 
     installed = (Path(trinity.__file__).parents[1] / rel).read_text()
-    (fp,) = patches.parse((patches.patches_dir() / patch_file).read_text())
     path = tmp_dir / name
-    path.write_text(patches.apply_text(installed, fp.reversed())[0])
+    path.write_text(patches.undo(installed, patches.patches_dir() / patch_file, rel))
     return installed, path
 
 
@@ -34,10 +33,7 @@ def original_rendezvous() -> str:
     import torch
 
     text = (Path(torch.__file__).parent / "distributed" / "rendezvous.py").read_text()
-    if "_loopback_listen_fd" in text:
-        for fp in patches.parse((patches.patches_dir() / torch_patch().file).read_text()):
-            back = fp.reversed()
-            text = patches.apply_text(text, back)[0]
+    text = patches.undo(text, patches.patches_dir() / torch_patch().file, TORCH_REL)
     assert "_loopback_listen_fd" not in text
     return text
 
@@ -70,10 +66,8 @@ def add_trinity(site: Path) -> None:
     real_site = Path(trinity.__file__).parents[1]
     texts = {rel: (real_site / rel).read_text() for rel in TRINITY_FILES}
     for p in reversed(trinity_patches()):  # undo in the reverse order of application
-        for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
-            back = fp.reversed()
-            if "rftstack patch" in texts[fp.path]:
-                texts[fp.path] = patches.apply_text(texts[fp.path], back)[0]
+        for rel in texts:
+            texts[rel] = patches.undo(texts[rel], patches.patches_dir() / p.file, rel)
     for rel, text in texts.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
@@ -107,9 +101,7 @@ def add_dist_file(site: Path, module: str, dist: str, *rels: str) -> Path:
     for rel in rels:
         text = (real_site / rel).read_text()
         for p in reversed(own):  # undo in the reverse order of application
-            for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
-                if fp.path == rel and "rftstack patch" in text:
-                    text = patches.apply_text(text, fp.reversed())[0]
+            text = patches.undo(text, patches.patches_dir() / p.file, rel)
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
     real_info = next(real_site.glob(f"{dist.replace('-', '_')}-*.dist-info"))

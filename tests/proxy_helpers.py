@@ -156,9 +156,7 @@ def load_app(patched: bool, tmp: Path):
     (p,) = [p for p in policy.load().patches if p.file == "trinity-proxy-feedback-errors.patch"]
     texts = {}
     for fp in patches.parse((patches.patches_dir() / p.file).read_text()):
-        text = (site / fp.path).read_text()
-        if "rftstack patch" in text:  # start from the original
-            text = patches.apply_text(text, fp.reversed())[0]
+        text = patches.undo((site / fp.path).read_text(), patches.patches_dir() / p.file, fp.path)  # the original
         texts[fp.path] = patches.apply_text(text, fp)[0] if patched else text
     mods = {}
     for rel, text in texts.items():

@@ -31,12 +31,9 @@ def installed_source() -> Path:
 
 def httptools_impl_text(patched: bool) -> str:
     """The installed module's text as published (reverse of the patch when applied) or patched."""
-    fp = _file_patch()
-    text = installed_source().read_text()
-    if MARK in text:
-        text = patches.apply_text(text, fp.reversed())[0]
+    text = patches.undo(installed_source().read_text(), patches.patches_dir() / PATCH, REL)
     assert MARK not in text
-    return patches.apply_text(text, fp)[0] if patched else text
+    return patches.apply_text(text, _file_patch())[0] if patched else text
 
 
 def httptools_protocol(patched: bool, tmp: Path) -> type:

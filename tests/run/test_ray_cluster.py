@@ -245,9 +245,7 @@ def unpatched_explorer(text: str) -> str:
     """explorer.py as published: the installed text with trinity-explorer-node.patch reversed."""
     from rftstack.stack import patches
 
-    (fp,) = patches.parse((patches.patches_dir() / "trinity-explorer-node.patch").read_text())
-    back = fp.reversed()
-    out = patches.apply_text(text, back)[0]
+    out = patches.undo(text, patches.patches_dir() / "trinity-explorer-node.patch", "trinity/explorer/explorer.py")
     assert "RFTSTACK_EXPLORER_NODE" not in out
     return out
 

@@ -128,9 +128,7 @@ from rftstack.stack import patches
 out = {}
 # as published: the module's text with the policy patch reversed, in a fresh module
 text = open(au.__file__).read()
-for fp in patches.parse((patches.patches_dir() / "verl-unpad-without-flash-attn.patch").read_text()):
-    back = fp.reversed()
-    published = patches.apply_text(text, back)[0] if "rftstack patch" in text else text
+published = patches.undo(text, patches.patches_dir() / "verl-unpad-without-flash-attn.patch", "verl/utils/attention_utils.py")
 pub = types.ModuleType("published_attention_utils")
 exec(compile(published, "published_attention_utils.py", "exec"), pub.__dict__)
 try:

@@ -26,10 +26,7 @@ def site(tmp_path):
     (tmp_path / "torch/distributed").mkdir(parents=True)
     text = (SITE / REL).read_text()
     # the installed torch may be patched already (CI applies the policy first): start from the original
-    for fp in patches.parse((patches.patches_dir() / the_patch().file).read_text()):
-        back = fp.reversed()
-        if "_loopback_listen_fd" in text:
-            text = patches.apply_text(text, back)[0]
+    text = patches.undo(text, patches.patches_dir() / the_patch().file, REL)
     (tmp_path / REL).write_text(text)
     real_info = next(SITE.glob("torch-*.dist-info"))
     info = tmp_path / real_info.name
@@ -184,6 +181,18 @@ def test_reversed_patch_restores_the_original(site):
         assert fp.reversed().reversed() == fp
         text = patches.apply_text(text, fp.reversed())[0]
     assert text == original
+
+
+def test_undo_gives_the_published_text_and_leaves_it_as_it_is(site):
+    """patches.undo: the patched file back to the original; the original, and another file's text, unchanged."""
+    original = (site / REL).read_text()
+    apply(site)
+    patched = (site / REL).read_text()
+    patch_file = patches.patches_dir() / the_patch().file
+    assert patched != original
+    assert patches.undo(patched, patch_file, REL) == original
+    assert patches.undo(original, patch_file, REL) == original
+    assert patches.undo(patched, patch_file, "torch/other.py") == patched
 
 
 TWO_HUNKS = """--- a/pkg/m.py

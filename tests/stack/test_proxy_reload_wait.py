@@ -52,8 +52,7 @@ def load_service(patched: bool, tmp: Path):
 
     text = (Path(trinity.__file__).parents[1] / REL).read_text()
     (fp,) = patches.parse((patches.patches_dir() / the_patch().file).read_text())
-    if "RELOAD_WAIT_VAR" in text:  # start from the file before this patch
-        text = patches.apply_text(text, fp.reversed())[0]
+    text = patches.undo(text, patches.patches_dir() / the_patch().file, REL)  # the file before this patch
     assert "RELOAD_WAIT_VAR" not in text
     if patched:
         text = patches.apply_text(text, fp)[0]

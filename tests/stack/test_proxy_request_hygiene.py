@@ -66,7 +66,7 @@ def load_app(patched: bool, tmp: Path):
     if "_read_json_object" not in text:
         pytest.fail("the installed Trinity lacks trinity-proxy-request-hygiene.patch: run `rftstack relax`")
     if not patched:
-        text = patches.apply_text(text, fp.reversed())[0]
+        text = patches.undo(text, patches.patches_dir() / p.file, fp.path)
     name = f"proxy_app_{'hygiene' if patched else 'before_hygiene'}"
     path = tmp / f"{name}.py"
     path.write_text(text)

@@ -47,8 +47,7 @@ def recorder_mod(tmp_path_factory):
 
     text = (Path(trinity.__file__).parents[1] / REL).read_text()
     (fp,) = patches.parse((patches.patches_dir() / the_patch().file).read_text())
-    if "rftstack patch" in text:  # start from the original
-        text = patches.apply_text(text, fp.reversed())[0]
+    text = patches.undo(text, patches.patches_dir() / the_patch().file, REL)  # start from the original
     assert "GROUP_COMMIT_VAR" not in text
     text = patches.apply_text(text, fp)[0]
     path = tmp_path_factory.mktemp("recorder") / "recorder_group_commit.py"

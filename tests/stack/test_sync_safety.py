@@ -78,8 +78,7 @@ def original_and_patched(tmp_path: Path) -> tuple[Path, Path]:
     text = (Path(trinity.__file__).parents[1] / REL).read_text()
     (p,) = [p for p in policy.load().patches if p.file == "trinity-synchronizer-unparsable-sleep.patch"]
     (fp,) = patches.parse((patches.patches_dir() / p.file).read_text())
-    if "rftstack patch" in text:  # the installed trinity may be patched already: recover the original
-        text = patches.apply_text(text, fp.reversed())[0]
+    text = patches.undo(text, patches.patches_dir() / p.file, REL)  # the installed trinity may be patched already
     orig, patched = tmp_path / "synchronizer_orig.py", tmp_path / "synchronizer_patched.py"
     orig.write_text(text)
     patched.write_text(patches.apply_text(text, fp)[0])

@@ -139,6 +139,15 @@ def apply_text(text: str, fp: FilePatch) -> tuple[str, str]:
     return "\n".join(out), ("applied" if applied else "already applied")
 
 
+def undo(text: str, patch_file: Path, rel: str) -> str:
+    """``text`` (the file ``rel``) without ``patch_file``'s hunks for it: reversed where applied; a text
+    without them is returned as it is (the reverse finds the original lines already there)."""
+    for fp in parse(patch_file.read_text()):
+        if fp.path == rel:
+            text = apply_text(text, fp.reversed())[0]
+    return text
+
+
 def record_hash(data: bytes) -> str:
     """A dist-info RECORD hash (``sha256=`` urlsafe base64, no padding); relax uses it too."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
