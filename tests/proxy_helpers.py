@@ -38,7 +38,8 @@ class InThreadServer:
 
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.port = self._sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])), daemon=True)
 

@@ -69,14 +69,7 @@ def test_the_loop_window_counts_responses_and_latency(tmp_path):
     """The closed loop against the TEST DOUBLE: every response counted once, latencies, no errors."""
     double, url = po.start_double(tmp_path)
     try:
-        loop = sp.Loop(url, 4, 8, model="double", like_proxy=True)
-        loop.thread.start()
-        try:
-            time.sleep(0.5)
-            w = sp.measured_window(loop, 1.0)
-        finally:
-            loop.stop = True
-            loop.thread.join(timeout=30)
+        w = sp.run_loop(url, "double", 4, SimpleNamespace(max_tokens=8, warmup_s=0.5, window_s=1.0), like_proxy=True)
         assert w["responses"] > 0 and w["errors"] == 0
         assert w["responses_per_s"] == pytest.approx(w["responses"] / w["wall_s"], rel=0.05)
         assert w["output_tokens_per_s"] == pytest.approx(8 * w["responses_per_s"], rel=0.05)
@@ -102,14 +95,7 @@ def test_the_numeric_window_asks_for_numeric_logprobs(tmp_path):
         with urllib.request.urlopen(req, timeout=30) as r:
             choice = json.loads(r.read())["choices"][0]
         assert choice["logprobs"] is None and len(choice["rftstack_logprobs"]) == 5 and len(choice["token_ids"]) == 5
-        loop = sp.Loop(url, 2, 5, model="double", like_proxy=loadgen.NUMERIC)
-        loop.thread.start()
-        try:
-            time.sleep(0.3)
-            w = sp.measured_window(loop, 0.5)
-        finally:
-            loop.stop = True
-            loop.thread.join(timeout=30)
+        w = sp.run_loop(url, "double", 2, SimpleNamespace(max_tokens=5, warmup_s=0.3, window_s=0.5), like_proxy=loadgen.NUMERIC)
         assert w["responses"] > 0 and w["errors"] == 0
     finally:
         po.stop(double)

@@ -11,12 +11,10 @@ Nothing is a double: the application is a plain ASGI echo.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import pytest
 import uvicorn
 
 import uvicorn_helpers
+from proxy_helpers import InThreadServer
 
 OFFER = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA\r\n"
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 3000}]}).encode()
@@ -55,27 +54,11 @@ async def echo(scope, receive, send):
     await send({"type": "http.response.body", "body": out})
 
 
-class Server:
+class Server(InThreadServer):
     """A real uvicorn.Server in a thread, on a free loopback port, with the given protocol class."""
 
     def __init__(self, protocol: type):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(echo, http=protocol, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True)
-
-    def __enter__(self) -> "Server":
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        super().__init__(echo, http=protocol, lifespan="off")
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["patched", "published"])
