@@ -54,6 +54,8 @@
 #   ready-3b-mp  bare, trinity and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): time to ready only, warm caches, for
 #              the executor's default (docs/serve.md, "Start-up against throughput"); after a 3B step
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
+#   java       tests/gpu/test_java_agent_gpu.py     the example Java agent (the JDK's HttpClient) against serve:
+#              JAVA (a Java 17+ binary; the host has none: carry a jlink runtime) and AGENT_CLASSES (its classes)
 #   expose     tests/gpu/test_expose_gpu.py         serve --expose: the API key on every route, only the proxy off loopback
 #   warm       tests/gpu/test_warm_workers_gpu.py  a GPU actor in a warm Ray worker sees the GPU Ray gave it
 #   cluster    tests/gpu/test_cluster_gpu.py        a GPU-less head and a GPU worker in network namespaces (root;
@@ -131,6 +133,7 @@ for step in "${steps[@]}"; do
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,trinity-cold,manual --ready-only --budget-s 900 ;;
         ready-3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-warm-mp --phases bare,trinity,trinity-mp --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
+        java) pytest_gpu java test_java_agent_gpu.py ;;
         expose) pytest_gpu expose test_expose_gpu.py ;;
         cluster) pytest_gpu cluster test_cluster_gpu.py ;;
         warm) pytest_gpu warm test_warm_workers_gpu.py ;;
