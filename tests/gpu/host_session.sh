@@ -36,6 +36,7 @@
 #   proxy3b-numeric  the 3B shape: bare, trinity (numeric logprobs, the default), trinity-nonumeric
 #              (RFTSTACK_PROXY_NUMERIC_LOGPROBS=0: upstream's logprobs objects) and trinity-mp (numeric, mp executor)
 #              in one run, c=32,64, 8 rounds per level, equal and spread lengths: the numeric-logprobs patches' effect
+#   proxy3b-mp  the 3B shape: bare and trinity-mp (numeric logprobs and the mp executor) only, as proxy3b-numeric
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -118,6 +119,8 @@ for step in "${steps[@]}"; do
         proxy3b-exec) bench --model /tmp/bench/qwen3b --label qwen3b-exec --phases bare,trinity,trinity-mp --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-numeric) bench --model /tmp/bench/qwen3b --label qwen3b-numeric --phases bare,trinity,trinity-nonumeric,trinity-mp \
+                 --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
+        proxy3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-mp --phases bare,trinity-mp \
                  --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \
                  --concurrency 32,64 --py-spy "${PY_SPY:-py-spy}" --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
