@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On the GPU host, in the call that carries the last (smallest) bundle part and .gpu-extra (see kit.sh;
+# the jlink runtime is 16 MB, so that call needs a part of at most ~35 MiB):
+#   cp -r .wheelhouse/part-NNN /tmp/wh/ && rm -rf /tmp/repo && mkdir -p /tmp/repo && cp -r . /tmp/repo/ \
+#   && cp -r .gpu-extra/. /tmp/ && rm -rf /tmp/repo/.wheelhouse /tmp/repo/.gpu-extra && bash /tmp/go.sh STEP...
+# Installs the bundle from /tmp/wh/part-*, applies the policy's patches, then starts
+# tests/gpu/host_session.sh STEP... detached (its logs in /tmp/gs); returns at once.
+set -u
+cd /tmp/repo
+[ -d /tmp/iproute ] && export PATH=/tmp/iproute:$PATH
+if [ -f /tmp/jre17.tar.xz ] && [ ! -x /tmp/jre/jre17/bin/java ]; then mkdir -p /tmp/jre && tar xJf /tmp/jre17.tar.xz -C /tmp/jre; fi
+t0=$(date +%s)
+python3 /tmp/wh/part-000/install.py --parts /tmp/wh/part-* > /tmp/install.log 2>&1; echo "install rc=$? $(( $(date +%s) - t0 )) s"
+tail -15 /tmp/install.log
+python3 -m rftstack.stack.patches "$(python3 -c "import sysconfig;print(sysconfig.get_paths()['purelib'])")" > /tmp/patches.log 2>&1
+echo "patches rc=$?"; tail -3 /tmp/patches.log
+mkdir -p /tmp/gs
+export JAVA=/tmp/jre/jre17/bin/java AGENT_CLASSES=/tmp/agent-classes
+(setsid bash tests/gpu/host_session.sh "$@" </dev/null >/tmp/gs.out 2>&1 &)
+sleep 5; cat /tmp/gs/steps.txt 2>/dev/null

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Here (the CPU machine), before a GPU-host session: the things the host lacks, in OUT (default .gpu-extra,
+# ignored by git), each small enough to be carried by one device call:
+#   go.sh watch.sh stop.sh   the host-side scripts of this folder
+#   jre17.tar.xz             a jlink runtime (java.base + java.net.http, ~16 MB) for the java step
+#   agent-classes/           examples/java/Agent.java compiled with `javac --release 17`
+#   iproute/                 tests/gpu/ip_kit.sh's `ip` (the cluster step), when this machine has `ip`
+# The bundle itself: rftstack bundle build --out .wheelhouse --python 3.12 --platform manylinux_2_31_x86_64 \
+#   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 52
+# (52 MiB: a part and the working tree, about 10 MB, must stay under the 64 MiB one call carries.)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../../.." && pwd)
+out=${1:-$repo/.gpu-extra}
+mkdir -p "$out"
+cp "$here/go.sh" "$here/watch.sh" "$here/stop.sh" "$out/"
+if command -v jlink >/dev/null && command -v javac >/dev/null; then
+    tmp=$(mktemp -d)
+    jlink --add-modules java.base,java.net.http --output "$tmp/jre17" --strip-debug --no-header-files --no-man-pages --compress=2
+    tar cJf "$out/jre17.tar.xz" -C "$tmp" jre17 && rm -rf "$tmp"
+    rm -rf "$out/agent-classes" && javac --release 17 -d "$out/agent-classes" "$repo/examples/java/Agent.java"
+else
+    echo "kit.sh: no jlink/javac here: the java step will skip on the host" >&2
+fi
+if command -v ip >/dev/null; then bash "$repo/tests/gpu/ip_kit.sh" "$out/iproute" >/dev/null; fi
+ls -la "$out"
