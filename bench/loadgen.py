@@ -14,6 +14,8 @@ let them finish at different times, as an agent's varied answers do.
 Measured per level: output tokens/s (sum of ``usage.completion_tokens`` / level wall time),
 requests/s, latency p50/p90/p99/mean/max over successful requests, errors by kind, and
 "short" responses (fewer tokens than asked: a sign that ignore_eos was dropped on the way).
+``steady``: the same rates over the level's steady window only, without its ramp-up and drain
+(:func:`steady_window`).
 
 Trinity's proxy rewrites three fields on every request: ``logprobs: true``,
 ``return_token_ids: true`` (for its experience recorder) and ``temperature`` (from its config).
@@ -91,9 +93,67 @@ def request_body(model: str, prompt: str, max_tokens: int, *, temperature: float
     return body
 
 
-def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_tokens: int, truncated: bool) -> dict:
-    """One level's numbers from its request records ({ok, latency_s, completion_tokens, error} and,
-    when lengths are spread, the record's own max_tokens)."""
+STEADY_MIN_WINDOW_S = 0.5  # a shorter steady window is reported as null
+
+
+def steady_window(records: list[dict], wall_s: float, *, concurrency: int,
+                  min_window_s: float = STEADY_MIN_WINDOW_S) -> dict:
+    """A level's rates in its steady state: while all C = ``concurrency`` clients have a request in flight.
+
+    The window runs from t_a, the time by which C requests (of any outcome) have ended (the first
+    wave, sent all at once, is done), to t_b, the latest start of any request (after it no request
+    starts, the drain begins and fewer than C are in flight). Times are the records' ``t_start`` and
+    ``t_end``: seconds since the level's start. Counted are the successful requests that end in
+    (t_a, t_b]: ``output_tokens_per_s`` is their ``completion_tokens`` / (t_b - t_a),
+    ``requests_per_s`` their number / (t_b - t_a); ``window_s`` is t_b - t_a, ``from_s``/``to_s``
+    t_a and t_b, ``requests`` and ``output_tokens`` what was counted, ``share_of_wall`` the
+    window's share of the level's wall time.
+
+    Why: the level's own ``output_tokens_per_s`` divides by the whole wall time, which includes the
+    ramp-up (the first wave's requests all start at once and none ends for a while) and the drain
+    (the last requests run with fewer than C in flight). In short levels those are a large share of
+    the window and weigh differently for a faster and a slower endpoint, so the ratio of two
+    endpoints measured this way (proxy against bare vLLM) leaves ramp-up and drain out and is less
+    noisy than the ratio of whole-wall rates.
+
+    When the records carry no times, or fewer than C requests ran, or the window is empty, shorter
+    than ``min_window_s`` or holds fewer than C counted completions: ``{"output_tokens_per_s": None,
+    "reason": ...}``.
+    """
+    null = lambda reason: {"output_tokens_per_s": None, "reason": reason}  # noqa: E731
+    timed = [r for r in records if r.get("t_start") is not None and r.get("t_end") is not None]
+    if not timed or len(timed) < len(records):
+        return null("no request times")
+    if len(timed) < concurrency:
+        return null(f"fewer than {concurrency} requests")
+    t_a = sorted(r["t_end"] for r in timed)[concurrency - 1]
+    t_b = max(r["t_start"] for r in timed)
+    window = t_b - t_a
+    if window <= 0:
+        return null("no window: the last request started before the first wave ended")
+    if window < min_window_s:
+        return null(f"window shorter than {min_window_s} s")
+    counted = [r for r in timed if r["ok"] and t_a < r["t_end"] <= t_b]
+    if len(counted) < concurrency:
+        return null(f"fewer than {concurrency} completions in the window")
+    tokens = sum(r["completion_tokens"] or 0 for r in counted)
+    return {
+        "output_tokens_per_s": round(tokens / window, 2),
+        "requests_per_s": round(len(counted) / window, 3),
+        "window_s": round(window, 6),
+        "from_s": round(t_a, 6),
+        "to_s": round(t_b, 6),
+        "requests": len(counted),
+        "output_tokens": tokens,
+        "share_of_wall": round(window / wall_s, 4) if wall_s > 0 else None,
+    }
+
+
+def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_tokens: int, truncated: bool,
+              min_window_s: float = STEADY_MIN_WINDOW_S) -> dict:
+    """One level's numbers from its request records ({ok, latency_s, completion_tokens, error}, the
+    request's ``t_start``/``t_end`` in seconds since the level's start and, when lengths are spread,
+    the record's own max_tokens); ``steady``: :func:`steady_window`'s rates."""
     ok = [r for r in records if r["ok"]]
     lat = [r["latency_s"] for r in ok]
     out_tokens = sum(r["completion_tokens"] or 0 for r in ok)
@@ -122,6 +182,7 @@ def summarise(records: list[dict], wall_s: float, *, concurrency: int, max_token
             "max": r3(max(lat)) if lat else None,
         },
         "truncated": truncated,
+        "steady": steady_window(records, wall_s, concurrency=concurrency, min_window_s=min_window_s),
     }
 
 
@@ -190,7 +251,10 @@ async def run_level(
                 n = max_tokens_for(i, max_tokens, spread)
                 body = request_body(model, prompt_set[i % len(prompt_set)], n,
                                     temperature=temperature, like_proxy=like_proxy)
+                t_start = time.perf_counter() - t0
                 record = await _one(session, url, body, request_timeout_s, headers)
+                record["t_end"] = time.perf_counter() - t0
+                record["t_start"] = t_start
                 record["max_tokens"] = n
                 records.append(record)
 
@@ -268,6 +332,8 @@ async def run(
                 f"[loadgen {label or base_url}] c={c}: {res['ok']}/{res['requests']} ok, "
                 f"{res['output_tokens_per_s']} tok/s, p50 {res['latency_s']['p50']} s, p99 {res['latency_s']['p99']} s"
                 + (f", errors {res['error_kinds']}" if res["errors"] else "") + (" (truncated)" if res["truncated"] else "")
+                + (f", steady {res['steady']['output_tokens_per_s']} tok/s"
+                   if res["steady"]["output_tokens_per_s"] is not None else "")
             )
     return out
 

@@ -577,7 +577,8 @@ def _level(load: dict | None, c: int) -> dict | None:
 
 
 def summary(result: dict) -> dict:
-    """Ratios the issue asks for: proxy/bare throughput per level, time-to-ready ratios."""
+    """Ratios the issue asks for: proxy/bare throughput per level (whole-wall and, where loadgen
+    measured it, steady-state: :func:`_ratios`), time-to-ready ratios."""
     ph = result["phases"]
     bare, tri, man = ph.get("bare", {}), ph.get("trinity", {}), ph.get("manual", {})
     out: dict = {"label": result["label"], "ready_s": {}, "throughput_ratio": {}}
@@ -599,18 +600,36 @@ def summary(result: dict) -> dict:
     return out
 
 
+def _steady_tok_s(lv: dict) -> float | None:
+    """A level's steady-state output tokens/s (loadgen's ``steady``), None when it has none."""
+    return (lv.get("steady") or {}).get("output_tokens_per_s")
+
+
 def _ratios(bare_load: dict | None, others) -> dict:
-    """{c: {bare_tok_s, <key>_tok_s, <key>_vs_bare, ...}} for each level of the bare load."""
+    """{c: {bare_tok_s, <key>_tok_s, <key>_vs_bare, ...}} for each level of the bare load.
+
+    Where either level carries loadgen's ``steady`` (rates without ramp-up and drain) the row also
+    has ``bare_steady_tok_s`` (when the bare level carries it), ``<key>_steady_tok_s`` and
+    ``<key>_steady_vs_bare``, None when either side has no steady figure; results measured before
+    loadgen had ``steady`` get rows as before."""
     table = {}
     for lv in (bare_load or {}).get("levels", []):
         c = lv["concurrency"]
         row = {"bare_tok_s": lv["output_tokens_per_s"]}
+        bare_steady = _steady_tok_s(lv)
+        if "steady" in lv:
+            row["bare_steady_tok_s"] = bare_steady
         for key, load in others:
             other = _level(load, c)
             if other:
                 row[f"{key}_tok_s"] = other["output_tokens_per_s"]
                 if lv["output_tokens_per_s"]:
                     row[f"{key}_vs_bare"] = round(other["output_tokens_per_s"] / lv["output_tokens_per_s"], 3)
+                if "steady" in lv or "steady" in other:
+                    other_steady = _steady_tok_s(other)
+                    row[f"{key}_steady_tok_s"] = other_steady
+                    row[f"{key}_steady_vs_bare"] = (round(other_steady / bare_steady, 3)
+                                                    if bare_steady and other_steady is not None else None)
         table[str(c)] = row
     return table
 

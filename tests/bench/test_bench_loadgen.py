@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -131,3 +132,68 @@ def test_spread_lengths_are_seeded_bounded_and_checked_per_request(tmp_path):
 def test_bad_spread_is_one_sentence():
     r = run_loadgen("--base-url", "http://127.0.0.1:9", "--max-tokens-spread", "1.5")
     assert r.returncode == 2 and "--max-tokens-spread 1.5 must be at least 0 and below 1" in r.stderr
+
+
+def _rec(t_start: float, t_end: float, tokens: int | None, ok: bool = True) -> dict:
+    return {"ok": ok, "latency_s": t_end - t_start, "completion_tokens": tokens, "error": None if ok else "http_500",
+            "t_start": t_start, "t_end": t_end, "max_tokens": 100}
+
+
+def test_steady_window_leaves_out_ramp_up_and_drain():
+    """C = 2. Ramp-up: r0 and r1 start at 0 and end at 1.0 and 2.0, so t_a = 2.0 (two requests ended);
+    the latest start is r7's at 4.5 = t_b. In (2.0, 4.5]: r2 (10 tokens at 3.0), r3 (failed at 3.5, not
+    counted), r4 (10 at 4.0), r5 (10 at 4.5, the closed end). r1 ends at t_a (open end) and r6, r7
+    after t_b (the drain). 30 tokens / 2.5 s = 12 tok/s, 3 requests / 2.5 s = 1.2 req/s,
+    2.5 s of the 6.0 s wall. With the ramp-up's 200 tokens or the drain's 110 the figure would differ."""
+    records = [
+        _rec(0.0, 1.0, 100), _rec(0.0, 2.0, 100),  # the first wave
+        _rec(1.0, 3.0, 10), _rec(2.0, 3.5, None, ok=False), _rec(3.0, 4.0, 10), _rec(3.5, 4.5, 10),
+        _rec(4.0, 5.0, 10), _rec(4.5, 6.0, 100),  # r7 starts last; r6 and r7 end in the drain
+    ]
+    s = loadgen.summarise(records[::-1], 6.0, concurrency=2, max_tokens=100, truncated=False)
+    assert s["steady"] == {"output_tokens_per_s": 12.0, "requests_per_s": 1.2, "window_s": 2.5, "from_s": 2.0,
+                           "to_s": 4.5, "requests": 3, "output_tokens": 30, "share_of_wall": 0.4167}
+    # the whole-wall figures are unchanged: (100 + 100 + 10 * 4 + 100) / 6.0
+    assert s["output_tokens"] == 340 and s["output_tokens_per_s"] == round(340 / 6.0, 2) and s["ok"] == 7
+
+
+@pytest.mark.parametrize("records, reason", [
+    ([], "no request times"),
+    ([{"ok": True, "latency_s": 1.0, "completion_tokens": 5, "error": None}] * 4, "no request times"),
+    ([_rec(0.0, 1.0, 5)], "fewer than 2 requests"),
+    # four requests all started at 0: the last start precedes the second end
+    ([_rec(0.0, 1.0 + i, 5) for i in range(4)], "no window: the last request started before the first wave ended"),
+    # t_a = 1.1 (second end), t_b = 1.4 (last start): 0.3 s
+    ([_rec(0.0, 1.0, 5), _rec(0.0, 1.1, 5), _rec(1.0, 1.3, 5), _rec(1.1, 1.35, 5), _rec(1.4, 2.0, 5)],
+     "window shorter than 0.5 s"),
+    # t_a = 1.1, t_b = 3.0: 1.9 s, but only one request ends in it
+    ([_rec(0.0, 1.0, 5), _rec(0.0, 1.1, 5), _rec(1.0, 2.0, 5), _rec(1.1, 4.0, 5), _rec(3.0, 4.5, 5)],
+     "fewer than 2 completions in the window"),
+    # the same window with two ends in it, one of them failed
+    ([_rec(0.0, 1.0, 5), _rec(0.0, 1.1, 5), _rec(1.0, 2.0, 5), _rec(1.1, 2.5, None, ok=False), _rec(3.0, 4.5, 5)],
+     "fewer than 2 completions in the window"),
+])
+def test_steady_window_empty_or_short_is_null_with_a_reason(records, reason):
+    s = loadgen.summarise(records, 5.0, concurrency=2, max_tokens=5, truncated=False)
+    assert s["steady"] == {"output_tokens_per_s": None, "reason": reason}
+
+
+def test_steady_window_of_a_level_against_the_double():
+    """A real level (aiohttp client, loopback HTTP): 4 clients, 80 requests of 50 ms each, about 1 s;
+    the steady window is its middle, without the first wave and the drain; the progress line ends
+    with the steady figure."""
+    lines: list[str] = []
+    with OpenAIDouble(delay_s=0.05) as srv:
+        res = asyncio.run(loadgen.run(srv.base_url, levels=[4], requests=80, max_tokens=6, label="double",
+                                      warmup=0, progress=lines.append))
+    lv = res["levels"][0]
+    st = lv["steady"]
+    assert lv["ok"] == 80 and lv["errors"] == 0
+    assert st["output_tokens_per_s"] > 0 and 0.5 <= st["window_s"] < lv["wall_s"]
+    assert 0 < st["share_of_wall"] < 1 and st["share_of_wall"] == pytest.approx(st["window_s"] / lv["wall_s"], abs=1e-3)
+    assert 4 <= st["requests"] < 80 and st["output_tokens"] == 6 * st["requests"]
+    assert st["output_tokens_per_s"] == pytest.approx(st["output_tokens"] / st["window_s"], rel=1e-3)
+    assert 0 < st["from_s"] < st["to_s"] < lv["wall_s"]
+    assert "t_start" not in json.dumps(res) and "t_end" not in json.dumps(res)  # no per-request lists
+    assert lines == [f"[loadgen double] c=4: 80/80 ok, {lv['output_tokens_per_s']} tok/s, p50 {lv['latency_s']['p50']} s, "
+                     f"p99 {lv['latency_s']['p99']} s, steady {st['output_tokens_per_s']} tok/s"]

@@ -294,3 +294,43 @@ def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps,
                                              f"proxy_{key}_tok_s": off, f"proxy_{key}_vs_bare": ratios[1]}
     assert s["throughput_ratio_spread"][str(c)][f"proxy_{key}_vs_bare"] == ratios[2]
     assert phase in svb.PHASES and getattr(svb, var[0]) == var[1] and svb.SWITCHED[phase][0] == var[1]
+
+
+def test_summary_adds_the_steady_state_ratio_beside_each_ratio():
+    """Levels that carry loadgen's ``steady`` get <key>_steady_vs_bare beside <key>_vs_bare (null when
+    either side has no steady figure); levels measured without it keep their rows as they were."""
+    def lv(c, tps, steady="absent"):
+        level = {"concurrency": c, "output_tokens_per_s": tps}
+        if steady != "absent":
+            level["steady"] = ({"output_tokens_per_s": steady, "window_s": 2.0} if steady is not None
+                               else {"output_tokens_per_s": None, "reason": "window shorter than 0.5 s"})
+        return level
+
+    result = {"label": "x", "phases": {
+        "bare": {"load": {"levels": [lv(32, 1000.0, 1250.0), lv(64, 1100.0, None), lv(1, 100.0)]},
+                 "load_like_proxy": {"levels": [lv(32, 950.0, 1200.0), lv(64, 1050.0, 1300.0), lv(1, 90.0)]},
+                 "load_spread": {"levels": [lv(32, 800.0, 1000.0)]}},
+        "trinity": {"load": {"levels": [lv(32, 900.0, 1225.0), lv(64, 1000.0, 1200.0), lv(1, 80.0)]},
+                    "load_engine_direct": {"levels": [lv(32, 940.0, None)]},
+                    "load_spread": {"levels": [lv(32, 760.0, 970.0)]}},
+        "trinity-nogc": {"load": {"levels": [lv(32, 800.0)]}},
+    }}
+    s = svb.summary(result)
+    assert s["throughput_ratio"]["32"] == {
+        "bare_tok_s": 1000.0, "bare_steady_tok_s": 1250.0,
+        "bare_like_proxy_tok_s": 950.0, "bare_like_proxy_vs_bare": 0.95,
+        "bare_like_proxy_steady_tok_s": 1200.0, "bare_like_proxy_steady_vs_bare": 0.96,
+        "engine_direct_tok_s": 940.0, "engine_direct_vs_bare": 0.94,
+        "engine_direct_steady_tok_s": None, "engine_direct_steady_vs_bare": None,
+        "proxy_tok_s": 900.0, "proxy_vs_bare": 0.9, "proxy_steady_tok_s": 1225.0, "proxy_steady_vs_bare": 0.98,
+        "proxy_nogc_tok_s": 800.0, "proxy_nogc_vs_bare": 0.8, "proxy_nogc_steady_tok_s": None, "proxy_nogc_steady_vs_bare": None,
+    }
+    # bare's steady figure is null at c=64: every steady ratio of the row is null, the whole-wall ones stay
+    r64 = s["throughput_ratio"]["64"]
+    assert r64["bare_steady_tok_s"] is None and r64["proxy_steady_tok_s"] == 1200.0
+    assert r64["proxy_steady_vs_bare"] is None and r64["bare_like_proxy_steady_vs_bare"] is None and r64["proxy_vs_bare"] == 0.909
+    # measured without steady (an earlier loadgen): the row as before
+    assert s["throughput_ratio"]["1"] == {"bare_tok_s": 100.0, "bare_like_proxy_tok_s": 90.0, "bare_like_proxy_vs_bare": 0.9,
+                                         "proxy_tok_s": 80.0, "proxy_vs_bare": 0.8}
+    assert s["throughput_ratio_spread"]["32"] == {"bare_tok_s": 800.0, "bare_steady_tok_s": 1000.0, "proxy_tok_s": 760.0,
+                                                 "proxy_vs_bare": 0.95, "proxy_steady_tok_s": 970.0, "proxy_steady_vs_bare": 0.97}
