@@ -28,6 +28,9 @@ Phases (each hard time-bounded, processes always stopped, results written after 
            the same with RFTSTACK_PROXY_NUMERIC_LOGPROBS=0 (the proxy asks for upstream's logprobs objects,
            without patches/trinity-proxy-numeric-logprobs.patch's numeric logprobs), side by side with
            `trinity` in one run
+  trinity-mp-fork
+           `trinity-mp` with RFTSTACK_VLLM_FORK_WORKERS=1 (patches/vllm-fork-workers.patch: the EngineCore forks
+           its worker instead of spawning a fresh interpreter), side by side with `trinity-mp` in one run
   trinity-cold
            time to ready of `rftstack serve` with RFTSTACK_WARM_WORKERS=0 (its own Ray head without
            warm workers, Trinity's job with its runtime_env: every actor in a new process, as plain
@@ -79,6 +82,7 @@ from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E
 EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor.patch: auto (default) or mp
 WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
 NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # patches/trinity-proxy-numeric-logprobs.patch: 1 (default) or 0
+FORK_VAR = "RFTSTACK_VLLM_FORK_WORKERS"  # patches/vllm-fork-workers.patch: 0 (default) or 1
 from rftstack.doctor.netstat import free_port
 
 # the phases that run `trinity` with one variable set (one patch switched off, or another executor):
@@ -89,8 +93,10 @@ SWITCHED = {
     "trinity-nogc": (GC_VAR, "0"),
     "trinity-mp": (EXECUTOR_VAR, "mp"),
     "trinity-nonumeric": (NUMERIC_VAR, "0"),
+    "trinity-mp-fork": (FORK_VAR, "1"),
     "trinity-cold": (WARM_VAR, "0"),
 }
+SWITCHED_ALSO = {"trinity-mp-fork": {EXECUTOR_VAR: "mp"}}  # further variables of a switched phase
 LOADED = ("trinity", *(n for n in SWITCHED if n != "trinity-cold"))  # the phases that get the proxy's load
 PHASES = ("bare", "trinity", *SWITCHED, "manual")
 
@@ -489,8 +495,9 @@ class Bench:
     def phase_switched(self, name: str) -> dict:
         """``trinity`` with SWITCHED[name]'s variable set, side by side with it in one run."""
         var, value = SWITCHED[name]
-        r = self.phase_trinity(name, env={**self.env(), var: value})
-        r["env"] = {var: value}
+        switched = {**SWITCHED_ALSO.get(name, {}), var: value}
+        r = self.phase_trinity(name, env={**self.env(), **switched})
+        r["env"] = switched
         return r
 
     def phase_manual(self) -> dict:
@@ -590,7 +597,7 @@ def summary(result: dict) -> dict:
         for name in ("trinity", *SWITCHED, "manual"):
             if name in out["ready_s"]:
                 out[f"ready_ratio_{name.replace('-', '_')}_vs_bare"] = round(out["ready_s"][name] / out["ready_s"]["bare"], 3)
-    switched = [(f"proxy_{n.removeprefix('trinity-')}", ph.get(n, {})) for n in SWITCHED if n in LOADED]
+    switched = [(f"proxy_{n.removeprefix('trinity-').replace('-', '_')}", ph.get(n, {})) for n in SWITCHED if n in LOADED]
     out["throughput_ratio"] = _ratios(bare.get("load"), (
         ("bare_like_proxy", bare.get("load_like_proxy")), ("engine_direct", tri.get("load_engine_direct")),
         ("proxy", tri.get("load")), *((key, p.get("load")) for key, p in switched)))

@@ -86,6 +86,7 @@ def add_trinity_proxy(site: Path) -> Path:
 VERL_REL = "verl/utils/attention_utils.py"
 RAY_REL = "ray/_private/services.py"
 VLLM_RELS = ("vllm/entrypoints/openai/chat_completion/serving.py", "vllm/v1/engine/logprobs.py")
+VLLM_FORK_REL = "vllm/utils/system_utils.py"  # vllm-fork-workers.patch
 
 
 def add_dist_file(site: Path, module: str, dist: str, *rels: str) -> Path:
@@ -123,4 +124,4 @@ def add_ray(site: Path) -> Path:
 
 def add_vllm(site: Path) -> Path:
     """The installed vLLM's patched files (un-patched) with vLLM's dist-info."""
-    return add_dist_file(site, "vllm", "vllm", *VLLM_RELS)
+    return add_dist_file(site, "vllm", "vllm", *VLLM_RELS, VLLM_FORK_REL)

@@ -88,7 +88,7 @@ in
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
       verl = { version = "0.8.0"; files = [ "verl-unpad-without-flash-attn.patch" ]; };
-      vllm = { version = "0.23.0"; files = [ "vllm-logprobs-numeric.patch" ]; };
+      vllm = { version = "0.23.0"; files = [ "vllm-logprobs-numeric.patch" "vllm-fork-workers.patch" ]; };
     };
   };
   testPatchCommand = {

@@ -6,6 +6,7 @@ The GPU phases themselves run on the GPU host (bench/README.md)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -279,6 +280,7 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
     ("trinity-nogc", "nogc", 32, (1000.0, 900.0, 800.0), (960.0, 920.0), (0.9, 0.8, 0.92), ("GC_VAR", "RFTSTACK_PROXY_GC")),
     ("trinity-mp", "mp", 64, (1000.0, 600.0, 750.0), (700.0, 900.0), (0.6, 0.75, 0.9), ("EXECUTOR_VAR", "RFTSTACK_ENGINE_EXECUTOR")),
     ("trinity-nonumeric", "nonumeric", 64, (1000.0, 800.0, 650.0), (900.0, 800.0), (0.8, 0.65, 0.8), ("NUMERIC_VAR", "RFTSTACK_PROXY_NUMERIC_LOGPROBS")),
+    ("trinity-mp-fork", "mp_fork", 64, (1000.0, 800.0, 900.0), (900.0, 950.0), (0.8, 0.9, 0.95), ("FORK_VAR", "RFTSTACK_VLLM_FORK_WORKERS")),
 ])
 def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps, spread, ratios, var):
     """The phases that run the proxy with one patch switched off get their own ratios beside the proxy's."""
@@ -334,3 +336,25 @@ def test_summary_adds_the_steady_state_ratio_beside_each_ratio():
                                          "proxy_tok_s": 80.0, "proxy_vs_bare": 0.8}
     assert s["throughput_ratio_spread"]["32"] == {"bare_tok_s": 800.0, "bare_steady_tok_s": 1000.0, "proxy_tok_s": 760.0,
                                                  "proxy_vs_bare": 0.95, "proxy_steady_tok_s": 970.0, "proxy_steady_vs_bare": 0.97}
+
+
+def test_a_switched_phase_sets_its_variable_and_its_further_ones():
+    """trinity-mp-fork runs `trinity` with the fork switch on and the mp executor (SWITCHED_ALSO); the
+    others with their one variable. TEST DOUBLE: phase_trinity, which starts `rftstack serve` on a GPU."""
+    seen = {}
+
+    class Recording(svb.Bench):
+        def __init__(self):  # no arguments, no run directory: only phase_switched is exercised
+            pass
+
+        def phase_trinity(self, name, env=None):
+            seen[name] = env
+            return {"ready": {"ready": True}}
+
+    bench = Recording()
+    r = bench.phase_switched("trinity-mp-fork")
+    assert r["env"] == {"RFTSTACK_VLLM_FORK_WORKERS": "1", "RFTSTACK_ENGINE_EXECUTOR": "mp"}
+    assert seen["trinity-mp-fork"]["RFTSTACK_VLLM_FORK_WORKERS"] == "1"
+    assert seen["trinity-mp-fork"]["RFTSTACK_ENGINE_EXECUTOR"] == "mp"
+    assert bench.phase_switched("trinity-mp")["env"] == {"RFTSTACK_ENGINE_EXECUTOR": "mp"}
+    assert seen["trinity-mp"].get("RFTSTACK_VLLM_FORK_WORKERS") == os.environ.get("RFTSTACK_VLLM_FORK_WORKERS")

@@ -56,6 +56,8 @@
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
 #   ready-3b-mp  bare, trinity and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): time to ready only, warm caches, for
 #              the executor's default (docs/serve.md, "Start-up against throughput"); after a 3B step
+#   ready-3b-fork  bare, trinity, trinity-mp and trinity-mp-fork (RFTSTACK_VLLM_FORK_WORKERS=1: the EngineCore
+#              forks its worker, patches/vllm-fork-workers.patch): time to ready only, warm caches; after a 3B step
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
 #   java       tests/gpu/test_java_agent_gpu.py     the example Java agent (the JDK's HttpClient) against serve:
 #              JAVA (a Java 17+ binary; the host has none: carry a jlink runtime) and AGENT_CLASSES (its classes)
@@ -138,6 +140,8 @@ for step in "${steps[@]}"; do
                  --concurrency 32,64 --requests 2000 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,trinity-cold,manual --ready-only --budget-s 900 ;;
+        ready-3b-fork) bench --model /tmp/bench/qwen3b --label qwen3b-warm-fork --phases bare,trinity,trinity-mp,trinity-mp-fork \
+                 --ready-only --budget-s 900 ;;
         ready-3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-warm-mp --phases bare,trinity,trinity-mp --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
         java) pytest_gpu java test_java_agent_gpu.py ;;

@@ -127,7 +127,7 @@ def test_the_published_files_have_no_numeric_path():
     import importlib.util
 
     site = Path(importlib.util.find_spec("vllm").origin).parents[1]
-    (p,) = [p for p in policy.load().patches if p.dist == "vllm"]
+    (p,) = [p for p in policy.load().patches if p.file == "vllm-logprobs-numeric.patch"]
     fps = patches.parse((patches.patches_dir() / p.file).read_text())
     assert sorted(fp.path for fp in fps) == sorted(VLLM_RELS)
     for fp in fps:

@@ -156,6 +156,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "vllm-logprobs-numeric.patch: vllm/v1/engine/logprobs.py: applied",
         "trinity-proxy-numeric-logprobs.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-numeric-logprobs.patch: trinity/explorer/proxy/service.py: applied",
+        "vllm-fork-workers.patch: vllm/utils/system_utils.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
