@@ -58,7 +58,7 @@ class EngineActor:
         actor = load(published).get_mp_context().get_start_method()
         child = subprocess.run([sys.executable, "-c", CHILD, published], capture_output=True, text=True,
                                env=dict(os.environ), timeout=300)
-        return {"actor": actor, "child": child.stdout.strip().splitlines()[-1:] and child.stdout.strip().splitlines()[-1],
+        return {"actor": actor, "child": (child.stdout.strip().splitlines() or [""])[-1],
                 "child_rc": child.returncode, "child_err": child.stderr[-800:], "mark": os.environ.get("''' + MARK + r'''")}
 
 ray.init(address="local", num_cpus=2, include_dashboard=False)
