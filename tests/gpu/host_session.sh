@@ -39,6 +39,8 @@
 #   proxy3b-mp  the 3B shape: bare and trinity-mp (numeric logprobs and the mp executor) only, as proxy3b-numeric
 #   proxy3b-long  bare, trinity and trinity-mp with levels four times longer (--rounds 32: 1024 and 2048 requests,
 #              10-20 s each), for reading the 0.95 goal through the run-to-run noise of 3-5 s levels (session L)
+#   proxy3b-long-fork  the same with trinity-mp-fork (the mp executor whose EngineCore forks its worker,
+#              RFTSTACK_VLLM_FORK_WORKERS=1) in place of trinity-mp: the configuration a switched default would serve
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -127,6 +129,8 @@ for step in "${steps[@]}"; do
         proxy3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-mp --phases bare,trinity-mp \
                  --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-long) bench --model /tmp/bench/qwen3b --label qwen3b-long --phases bare,trinity,trinity-mp \
+                 --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
+        proxy3b-long-fork) bench --model /tmp/bench/qwen3b --label qwen3b-long-fork --phases bare,trinity,trinity-mp-fork \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \
                  --concurrency 32,64 --py-spy "${PY_SPY:-py-spy}" --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
