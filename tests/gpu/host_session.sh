@@ -10,6 +10,8 @@
 #   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve
 #   rl-mp      the same with RFTSTACK_ENGINE_EXECUTOR=mp (upstream's worker process beside the EngineCore):
 #              rl runs the uni executor, this one mp, each test printing the processes on the GPU
+#   rl-mp-fork the same with mp and RFTSTACK_VLLM_FORK_WORKERS=1 (patches/vllm-fork-workers.patch: the
+#              EngineCore forks its worker): the user story, weight reload included, on that configuration
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
 #   train-lora the same with LoRA rank 16 (both configs' model.lora_configs; vLLM's runtime LoRA)
 #   train-3b-lora, train-3b  the same on the Qwen2.5-3B shape, LoRA 16 / full: the trainer's peak GPU memory
@@ -50,7 +52,10 @@
 #              the engine's own account from /metrics (steps/s, tokens per step, running requests): which frontend or
 #              executor gives the fields' cost back?
 #   frontend3b-numeric  the same, with --numeric (one more window per level: the proxy's fields with numeric
-#              logprobs, straight to Trinity's engine and to bare), bare as default and with mp only
+#              logprobs, straight to Trinity's engine and to bare), 12 s windows, bare as default, with mp, and with
+#              mp and --api-server-count 2 (where the fields' remaining cost lies: the proxy, the engine or vLLM's frontend)
+#   frontend3b-numeric-mpfork  its serve part only, with the mp executor and forked workers
+#              (RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1): proxy against engine direct there
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
 #              sqlite-gc and hop-gc at c=32,64, 2000 requests a level, to set the host's CPU cost beside profile3b's
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
@@ -106,6 +111,7 @@ for step in "${steps[@]}"; do
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
         rl-mp) RFTSTACK_ENGINE_EXECUTOR=mp pytest_gpu rl-mp test_rl_loop_gpu.py ;;
+        rl-mp-fork) RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1 pytest_gpu rl-mp-fork test_rl_loop_gpu.py ;;
         train) pytest_gpu train test_train_loop_gpu.py ;;
         train-lora) RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-lora test_train_loop_gpu.py ;;
         train-3b-lora) wait; RFTSTACK_TRAIN_MODEL=/tmp/bench/qwen3b RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-3b-lora test_train_loop_gpu.py ;;
@@ -138,8 +144,11 @@ for step in "${steps[@]}"; do
                  --concurrency 32,64 --bare ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} --bare-variants \
                  "default;--api-server-count 2;--distributed-executor-backend mp;VLLM_USE_RUST_FRONTEND=1;VLLM_USE_RUST_FRONTEND=1 --distributed-executor-backend mp" ;;
         frontend3b-numeric) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-numeric.json" \
-                 --concurrency 32,64 --bare --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} \
-                 --bare-variants "default;--distributed-executor-backend mp" ;;
+                 --concurrency 32,64 --window-s 12 --bare --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} \
+                 --bare-variants "default;--distributed-executor-backend mp;--distributed-executor-backend mp --api-server-count 2" ;;
+        frontend3b-numeric-mpfork) wait; RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1 python3 bench/serve_profile.py \
+                 --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-numeric-mpfork.json" --concurrency 32,64 --window-s 12 \
+                 --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         proxycpu) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 2000 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;

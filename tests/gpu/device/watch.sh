@@ -6,10 +6,9 @@
 end=$(( $(date +%s) + ${1:-240} ))
 while :; do
     if [ -n "${OUT:-}" ]; then
-        mkdir -p "$OUT/gs/bench"
-        cp /tmp/gs/*.txt /tmp/gs/*.log /tmp/gs/*.json "$OUT/gs/" 2>/dev/null
-        cp /tmp/gs/bench/*.json "$OUT/gs/bench/" 2>/dev/null
-        cp /tmp/install.log /tmp/patches.log "$OUT/" 2>/dev/null
+        # one archive: $OUT brings back at most 8 files (session M lost a result JSON to that count)
+        (cd /tmp && tar czf "$OUT/gs.tgz.part" --ignore-failed-read gs/*.txt gs/*.log gs/*.json gs/bench/*.json \
+            gs/bench/*.log install.log patches.log 2>/dev/null; mv -f "$OUT/gs.tgz.part" "$OUT/gs.tgz")
     fi
     grep -q "all done" /tmp/gs/steps.txt 2>/dev/null && break
     [ "$(date +%s)" -ge "$end" ] && break
