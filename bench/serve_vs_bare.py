@@ -79,24 +79,24 @@ sys.path.insert(0, str(REPO / "python"))
 import loadgen  # noqa: E402
 from proxy_overhead import FAST_FORWARD_VAR, GC_VAR, GROUP_COMMIT_VAR  # noqa: E402
 
-EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor.patch: auto (default) or mp
+EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor.patch: mp (default) or uni
 WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
 NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # patches/trinity-proxy-numeric-logprobs.patch: 1 (default) or 0
-FORK_VAR = "RFTSTACK_VLLM_FORK_WORKERS"  # patches/vllm-fork-workers.patch: 0 (default) or 1
+FORK_VAR = "RFTSTACK_VLLM_FORK_WORKERS"  # patches/vllm-fork-workers.patch: 1 (default) or 0
 from rftstack.doctor.netstat import free_port
 
-# the phases that run `trinity` with one variable set (one patch switched off, or another executor):
-# name -> (variable, value); the runner, its Ray head and Trinity's actors inherit it
+# the phases that run `trinity` with variables set (a patch switched off, or another executor):
+# name -> {variable: value}; the runner, its Ray head and Trinity's actors inherit them
 SWITCHED = {
-    "trinity-nogroup": (GROUP_COMMIT_VAR, "0"),
-    "trinity-noff": (FAST_FORWARD_VAR, "0"),
-    "trinity-nogc": (GC_VAR, "0"),
-    "trinity-mp": (EXECUTOR_VAR, "mp"),
-    "trinity-nonumeric": (NUMERIC_VAR, "0"),
-    "trinity-mp-fork": (FORK_VAR, "1"),
-    "trinity-cold": (WARM_VAR, "0"),
+    "trinity-nogroup": {GROUP_COMMIT_VAR: "0"},
+    "trinity-noff": {FAST_FORWARD_VAR: "0"},
+    "trinity-nogc": {GC_VAR: "0"},
+    "trinity-mp": {EXECUTOR_VAR: "mp", FORK_VAR: "0"},  # mp with its worker spawned (upstream's start method)
+    "trinity-nonumeric": {NUMERIC_VAR: "0"},
+    "trinity-mp-fork": {EXECUTOR_VAR: "mp", FORK_VAR: "1"},  # the defaults since session N, spelled out
+    "trinity-uni": {EXECUTOR_VAR: "uni"},  # vLLM's uni executor (the default until session N)
+    "trinity-cold": {WARM_VAR: "0"},
 }
-SWITCHED_ALSO = {"trinity-mp-fork": {EXECUTOR_VAR: "mp"}}  # further variables of a switched phase
 LOADED = ("trinity", *(n for n in SWITCHED if n != "trinity-cold"))  # the phases that get the proxy's load
 PHASES = ("bare", "trinity", *SWITCHED, "manual")
 
@@ -493,9 +493,8 @@ class Bench:
         return r
 
     def phase_switched(self, name: str) -> dict:
-        """``trinity`` with SWITCHED[name]'s variable set, side by side with it in one run."""
-        var, value = SWITCHED[name]
-        switched = {**SWITCHED_ALSO.get(name, {}), var: value}
+        """``trinity`` with SWITCHED[name]'s variables set, side by side with it in one run."""
+        switched = dict(SWITCHED[name])
         r = self.phase_trinity(name, env={**self.env(), **switched})
         r["env"] = switched
         return r

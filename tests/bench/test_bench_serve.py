@@ -136,7 +136,7 @@ def test_summary_ratios():
 
 
 def test_summary_adds_the_cold_start_and_mp_phases_next_to_trinity():
-    """trinity-cold (RFTSTACK_WARM_WORKERS=0) and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): their times to
+    """trinity-cold (RFTSTACK_WARM_WORKERS=0) and trinity-mp (the mp executor, its worker spawned): their times to
     ready beside trinity's, against bare's."""
     result = {"label": "x", "phases": {
         "bare": {"ready": {"ready": True, "first_answer_s": 40.0}},
@@ -281,6 +281,7 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
     ("trinity-mp", "mp", 64, (1000.0, 600.0, 750.0), (700.0, 900.0), (0.6, 0.75, 0.9), ("EXECUTOR_VAR", "RFTSTACK_ENGINE_EXECUTOR")),
     ("trinity-nonumeric", "nonumeric", 64, (1000.0, 800.0, 650.0), (900.0, 800.0), (0.8, 0.65, 0.8), ("NUMERIC_VAR", "RFTSTACK_PROXY_NUMERIC_LOGPROBS")),
     ("trinity-mp-fork", "mp_fork", 64, (1000.0, 800.0, 900.0), (900.0, 950.0), (0.8, 0.9, 0.95), ("FORK_VAR", "RFTSTACK_VLLM_FORK_WORKERS")),
+    ("trinity-uni", "uni", 32, (1000.0, 900.0, 850.0), (900.0, 800.0), (0.9, 0.85, 0.8), ("EXECUTOR_VAR", "RFTSTACK_ENGINE_EXECUTOR")),
 ])
 def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps, spread, ratios, var):
     """The phases that run the proxy with one patch switched off get their own ratios beside the proxy's."""
@@ -295,7 +296,7 @@ def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps,
     assert s["throughput_ratio"][str(c)] == {"bare_tok_s": bare, "proxy_tok_s": proxy, "proxy_vs_bare": ratios[0],
                                              f"proxy_{key}_tok_s": off, f"proxy_{key}_vs_bare": ratios[1]}
     assert s["throughput_ratio_spread"][str(c)][f"proxy_{key}_vs_bare"] == ratios[2]
-    assert phase in svb.PHASES and getattr(svb, var[0]) == var[1] and svb.SWITCHED[phase][0] == var[1]
+    assert phase in svb.PHASES and getattr(svb, var[0]) == var[1] and var[1] in svb.SWITCHED[phase]
 
 
 def test_summary_adds_the_steady_state_ratio_beside_each_ratio():
@@ -338,9 +339,10 @@ def test_summary_adds_the_steady_state_ratio_beside_each_ratio():
                                                  "proxy_vs_bare": 0.95, "proxy_steady_tok_s": 970.0, "proxy_steady_vs_bare": 0.97}
 
 
-def test_a_switched_phase_sets_its_variable_and_its_further_ones():
-    """trinity-mp-fork runs `trinity` with the fork switch on and the mp executor (SWITCHED_ALSO); the
-    others with their one variable. TEST DOUBLE: phase_trinity, which starts `rftstack serve` on a GPU."""
+def test_a_switched_phase_sets_its_variables():
+    """Each switched phase runs `trinity` with its variables over the environment: trinity-mp the mp executor
+    with its worker spawned (upstream's start method), trinity-mp-fork today's defaults spelled out,
+    trinity-uni the uni executor. TEST DOUBLE: phase_trinity, which starts `rftstack serve` on a GPU."""
     seen = {}
 
     class Recording(svb.Bench):
@@ -352,9 +354,9 @@ def test_a_switched_phase_sets_its_variable_and_its_further_ones():
             return {"ready": {"ready": True}}
 
     bench = Recording()
-    r = bench.phase_switched("trinity-mp-fork")
-    assert r["env"] == {"RFTSTACK_VLLM_FORK_WORKERS": "1", "RFTSTACK_ENGINE_EXECUTOR": "mp"}
-    assert seen["trinity-mp-fork"]["RFTSTACK_VLLM_FORK_WORKERS"] == "1"
-    assert seen["trinity-mp-fork"]["RFTSTACK_ENGINE_EXECUTOR"] == "mp"
-    assert bench.phase_switched("trinity-mp")["env"] == {"RFTSTACK_ENGINE_EXECUTOR": "mp"}
-    assert seen["trinity-mp"].get("RFTSTACK_VLLM_FORK_WORKERS") == os.environ.get("RFTSTACK_VLLM_FORK_WORKERS")
+    assert bench.phase_switched("trinity-mp-fork")["env"] == {"RFTSTACK_ENGINE_EXECUTOR": "mp", "RFTSTACK_VLLM_FORK_WORKERS": "1"}
+    assert bench.phase_switched("trinity-mp")["env"] == {"RFTSTACK_ENGINE_EXECUTOR": "mp", "RFTSTACK_VLLM_FORK_WORKERS": "0"}
+    assert bench.phase_switched("trinity-uni")["env"] == {"RFTSTACK_ENGINE_EXECUTOR": "uni"}
+    assert seen["trinity-mp"]["RFTSTACK_VLLM_FORK_WORKERS"] == "0" and seen["trinity-mp"]["RFTSTACK_ENGINE_EXECUTOR"] == "mp"
+    assert seen["trinity-uni"].get("RFTSTACK_VLLM_FORK_WORKERS") == os.environ.get("RFTSTACK_VLLM_FORK_WORKERS")
+    assert seen["trinity-uni"]["PYTHONUNBUFFERED"] == "1"  # over Bench.env(), not in place of it

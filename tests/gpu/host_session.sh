@@ -8,10 +8,12 @@
 # collect $LOGS. Never stop it with `pkill -f host_session.sh` from a remote shell whose own command
 # line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
 #   rl         tests/gpu/test_rl_loop_gpu.py        the user story through rftstack serve
-#   rl-mp      the same with RFTSTACK_ENGINE_EXECUTOR=mp (upstream's worker process beside the EngineCore):
-#              rl runs the uni executor, this one mp, each test printing the processes on the GPU
-#   rl-mp-fork the same with mp and RFTSTACK_VLLM_FORK_WORKERS=1 (patches/vllm-fork-workers.patch: the
-#              EngineCore forks its worker): the user story, weight reload included, on that configuration
+#   rl-uni     the same with RFTSTACK_ENGINE_EXECUTOR=uni (vLLM's uni executor, the default until session N):
+#              rl runs the mp executor whose EngineCore forks its worker (the defaults), this one uni, each
+#              test printing the processes on the GPU
+#   rl-mp      the same with the mp executor and RFTSTACK_VLLM_FORK_WORKERS=0 (the worker spawned, as upstream)
+#   rl-mp-fork the same with both variables spelled out as the defaults (mp, RFTSTACK_VLLM_FORK_WORKERS=1):
+#              the step that measured the defaults before they were switched (session N)
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
 #   train-lora the same with LoRA rank 16 (both configs' model.lora_configs; vLLM's runtime LoRA)
 #   train-3b-lora, train-3b  the same on the Qwen2.5-3B shape, LoRA 16 / full: the trainer's peak GPU memory
@@ -31,10 +33,10 @@
 #              lengths: the figures of docs/benchmarks.md's Summary (bench/summary_table.py)
 #   proxy3b-freeze  the 3B shape: bare, trinity (every proxy patch on, the defaults) and trinity-nogc
 #              (RFTSTACK_PROXY_GC=0) in one run, c=32,64, 8 rounds per level, equal and spread lengths
-#   proxy3b-exec  the 3B shape: bare, trinity (vLLM's uni executor in the engine, the default) and trinity-mp
-#              (RFTSTACK_ENGINE_EXECUTOR=mp, upstream's worker process) in one run, c=32,64, 8 rounds per level, equal
-#              and spread lengths: throughput and time to ready of both executors side by side (run it second on a
-#              machine, after a 3B step, for warm caches)
+#   proxy3b-exec  the 3B shape: bare, trinity (the defaults: the mp executor, its worker forked), trinity-uni
+#              (RFTSTACK_ENGINE_EXECUTOR=uni, the default until session N) and trinity-mp (the worker spawned, as
+#              upstream) in one run, c=32,64, 8 rounds per level, equal and spread lengths: throughput and time to
+#              ready of the executors side by side (run it second on a machine, after a 3B step, for warm caches)
 #   proxy3b-numeric  the 3B shape: bare, trinity (numeric logprobs, the default), trinity-nonumeric
 #              (RFTSTACK_PROXY_NUMERIC_LOGPROBS=0: upstream's logprobs objects) and trinity-mp (numeric, mp executor)
 #              in one run, c=32,64, 8 rounds per level, equal and spread lengths: the numeric-logprobs patches' effect
@@ -54,6 +56,10 @@
 #   frontend3b-numeric  the same, with --numeric (one more window per level: the proxy's fields with numeric
 #              logprobs, straight to Trinity's engine and to bare), 12 s windows, bare as default, with mp, and with
 #              mp and --api-server-count 2 (where the fields' remaining cost lies: the proxy, the engine or vLLM's frontend)
+#   frontend3b-numeric-api2  its last bare variant only (mp and --api-server-count 2), no serve
+#   frontend3b-logprobs-mode  bare only: default, and with --logprobs-mode processed_logprobs (what Trinity's engine
+#              sets, for the sampling distribution's logprobs) on uni and on mp: whether that mode is the engine's
+#              remaining cost against bare with the same fields (session N: 0.87 on one machine)
 #   frontend3b-numeric-mpfork  its serve part only, with the mp executor and forked workers
 #              (RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1): proxy against engine direct there
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -75,6 +81,9 @@
 #   gap        bench/silent_gap.py on bare `vllm serve` (tiny): stack samples of every process in
 #              the start-up's silent intervals (the unlogged gap after "init engine")
 #   gap-trinity  the same on `rftstack serve` (Ray workers inherit the sampler through the head)
+# Until session N (2026-12-03) the `trinity` phase and the rl step ran vLLM's uni executor, the default then; since,
+# the defaults are the mp executor whose EngineCore forks its worker (phase trinity-uni: the old default). To
+# reproduce a figure of an earlier session exactly, run its step with RFTSTACK_ENGINE_EXECUTOR=uni.
 # Needs: the locked stack installed for python3 (rftstack bundle install), no network.
 set -u
 cd "$(dirname "$0")/../.."
@@ -110,7 +119,8 @@ for step in "${steps[@]}"; do
     t0=$(date +%s)
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
-        rl-mp) RFTSTACK_ENGINE_EXECUTOR=mp pytest_gpu rl-mp test_rl_loop_gpu.py ;;
+        rl-uni) RFTSTACK_ENGINE_EXECUTOR=uni pytest_gpu rl-uni test_rl_loop_gpu.py ;;
+        rl-mp) RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=0 pytest_gpu rl-mp test_rl_loop_gpu.py ;;
         rl-mp-fork) RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1 pytest_gpu rl-mp-fork test_rl_loop_gpu.py ;;
         train) pytest_gpu train test_train_loop_gpu.py ;;
         train-lora) RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-lora test_train_loop_gpu.py ;;
@@ -128,7 +138,7 @@ for step in "${steps[@]}"; do
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-freeze) bench --model /tmp/bench/qwen3b --label qwen3b-freeze --phases bare,trinity,trinity-nogc --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
-        proxy3b-exec) bench --model /tmp/bench/qwen3b --label qwen3b-exec --phases bare,trinity,trinity-mp --no-like-proxy \
+        proxy3b-exec) bench --model /tmp/bench/qwen3b --label qwen3b-exec --phases bare,trinity,trinity-uni,trinity-mp --no-like-proxy \
                  --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-numeric) bench --model /tmp/bench/qwen3b --label qwen3b-numeric --phases bare,trinity,trinity-nonumeric,trinity-mp \
                  --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
@@ -146,6 +156,11 @@ for step in "${steps[@]}"; do
         frontend3b-numeric) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-numeric.json" \
                  --concurrency 32,64 --window-s 12 --bare --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} \
                  --bare-variants "default;--distributed-executor-backend mp;--distributed-executor-backend mp --api-server-count 2" ;;
+        frontend3b-numeric-api2) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-numeric-api2.json" \
+                 --concurrency 32,64 --window-s 12 --no-serve --bare --numeric --bare-variants "--distributed-executor-backend mp --api-server-count 2" ;;
+        frontend3b-logprobs-mode) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-logprobs-mode.json" \
+                 --concurrency 32,64 --window-s 12 --no-serve --bare --numeric \
+                 --bare-variants "default;--logprobs-mode processed_logprobs;--distributed-executor-backend mp --logprobs-mode processed_logprobs" ;;
         frontend3b-numeric-mpfork) wait; RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1 python3 bench/serve_profile.py \
                  --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-numeric-mpfork.json" --concurrency 32,64 --window-s 12 \
                  --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;

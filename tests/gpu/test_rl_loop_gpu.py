@@ -4,8 +4,8 @@
 an OpenAI client (plain, streamed, with tools, 16 at once) -> /feedback -> /commit -> the
 experiences (tokens, logprobs, rewards) in the durable store, one per response -> a new
 checkpoint written the way the trainer writes it is picked up without a restart (model_version 1,
-greedy output changes) -> the engine that did so ran the executor chosen for it (one GPU: vLLM's
-uni executor; RFTSTACK_ENGINE_EXECUTOR=mp: upstream's worker process) -> nothing listens outside loopback -> SIGINT leaves no process and gives
+greedy output changes) -> the engine that did so ran the executor chosen for it (by default vLLM's
+worker process beside the EngineCore, as upstream; RFTSTACK_ENGINE_EXECUTOR=uni: the uni executor) -> nothing listens outside loopback -> SIGINT leaves no process and gives
 the GPU memory back.
 
 One serve for the module (engine start is minutes); the tests run in file order.
@@ -201,17 +201,17 @@ def test_new_checkpoint_is_served_without_restart(served):
 
 def test_the_engine_ran_with_the_executor_the_patch_chose(served):
     """patches/trinity-engine-uni-executor.patch, on the engine that just served and reloaded weights:
-    one GPU on one node runs vLLM's uni executor, the GPU worker inside the EngineCore process, whose
-    parent is Trinity's engine actor (a Ray worker, `ray::...`); with RFTSTACK_ENGINE_EXECUTOR=mp in
-    the serve's environment (upstream's "mp") the process on the GPU is vLLM's worker process, a
-    child of the EngineCore. Prints the processes on the GPU and their parents either way."""
+    by default (mp, as upstream) the process on the GPU is vLLM's worker process, a child of the
+    EngineCore; with RFTSTACK_ENGINE_EXECUTOR=uni in the serve's environment one GPU on one node runs
+    vLLM's uni executor, the GPU worker inside the EngineCore process, whose parent is Trinity's engine
+    actor (a Ray worker, `ray::...`). Prints the processes on the GPU and their parents either way."""
     from rftstack.run import supervisor
 
     ours = {p.pid for tag in served.run.tags() for p in supervisor.tagged(tag)}
     on_gpu = sorted(gpu_pids() & ours)
     chain = {pid: {"process": cmdline(pid), "parent": cmdline(parent_pid(pid))} for pid in on_gpu}
-    mode = os.environ.get("RFTSTACK_ENGINE_EXECUTOR", "auto").strip()
-    print(f"executor expected: {'uni' if mode == 'auto' else mode}; processes on the GPU: {chain}")
+    mode = os.environ.get("RFTSTACK_ENGINE_EXECUTOR", "mp").strip()
+    print(f"executor expected: {mode}; processes on the GPU: {chain}")
     assert len(on_gpu) == 1, chain
     parent = chain[on_gpu[0]]["parent"]
     if mode == "mp":

@@ -1,7 +1,7 @@
-"""patches/trinity-engine-uni-executor.patch: Trinity's vLLM engine of one GPU on one node is built with
-vLLM's uni executor (the GPU worker inside the EngineCore process, one process less to start); any other
-shape with "mp" as before; a user's extra_engine_args.distributed_executor_backend wins;
-RFTSTACK_ENGINE_EXECUTOR=mp restores upstream's "mp" for every engine.
+"""patches/trinity-engine-uni-executor.patch: a user's extra_engine_args.distributed_executor_backend wins;
+otherwise every engine is built with "mp" as upstream (the default, unset or RFTSTACK_ENGINE_EXECUTOR=mp), and
+with RFTSTACK_ENGINE_EXECUTOR=uni an engine of one GPU on one node is built with vLLM's uni executor (the GPU
+worker inside the EngineCore process, one process less to start), any other shape with "mp".
 
 Real: Trinity's installed vLLMRolloutModel (with the policy's patches, `rftstack relax`) and its
 prepare(), which builds vLLM's real AsyncEngineArgs; and the same module as published (this patch
@@ -115,9 +115,9 @@ def chosen(out: subprocess.CompletedProcess) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def backends(published_module) -> dict[str, dict[str, str]]:
-    """The executor each shape's engine args named: as published, patched (switch unset) and switched to mp."""
+    """The executor each shape's engine args named: as published, patched (switch unset), mp and uni."""
     return {"published": chosen(probe(str(published_module), None)), "patched": chosen(probe("-", None)),
-            "mp": chosen(probe("-", "mp")), "auto": chosen(probe("-", "auto"))}  # fmt: skip
+            "mp": chosen(probe("-", "mp")), "uni": chosen(probe("-", "uni"))}  # fmt: skip
 
 
 def test_as_published_every_engine_is_mp_and_a_users_backend_is_a_type_error(backends):
@@ -128,29 +128,29 @@ def test_as_published_every_engine_is_mp_and_a_users_backend_is_a_type_error(bac
         assert pub[shape].startswith("TypeError") and "multiple values for keyword argument 'distributed_executor_backend'" in pub[shape]
 
 
-def test_patched_one_gpu_on_one_node_is_uni_every_other_shape_mp(backends):
-    for run in ("patched", "auto"):
-        assert backends[run] == {"one_gpu": "uni", "tp2": "mp", "pp2": "mp", "dp2": "mp", "two_nodes": "mp",
+def test_switch_uni_builds_one_gpu_on_one_node_with_uni_every_other_shape_mp(backends):
+    assert backends["uni"] == {"one_gpu": "uni", "tp2": "mp", "pp2": "mp", "dp2": "mp", "two_nodes": "mp",
+                               "user_mp": "mp", "user_ray_tp2": "ray"}  # fmt: skip
+
+
+def test_by_default_and_with_mp_upstreams_executor_and_the_users_choice(backends):
+    for run in ("patched", "mp"):
+        assert backends[run] == {"one_gpu": "mp", "tp2": "mp", "pp2": "mp", "dp2": "mp", "two_nodes": "mp",
                                  "user_mp": "mp", "user_ray_tp2": "ray"}  # fmt: skip
 
 
-def test_switch_mp_restores_upstreams_executor_and_keeps_the_users_choice(backends):
-    assert backends["mp"] == {"one_gpu": "mp", "tp2": "mp", "pp2": "mp", "dp2": "mp", "two_nodes": "mp",
-                              "user_mp": "mp", "user_ray_tp2": "ray"}  # fmt: skip
-
-
 def test_a_bad_value_stops_the_import_with_a_sentence():
-    out = probe("-", "uni")
+    out = probe("-", "auto")
     assert out.returncode != 0
-    assert f"{VAR} must be auto (vLLM's uni executor for an engine of one GPU on one node, the default) or mp" in out.stderr
-    assert "not 'uni'" in out.stderr
+    assert f"{VAR} must be mp (a worker process per GPU, as upstream Trinity, the default) or uni" in out.stderr
+    assert "not 'auto'" in out.stderr
 
 
 def test_switch_values():
     from trinity.common.models import vllm_model
 
     assert vllm_model.EXECUTOR_VAR == VAR, "the installed Trinity lacks the executor patch: run `rftstack relax`"
-    assert vllm_model.engine_executor_mode({}) == "auto"
-    assert vllm_model.engine_executor_mode({VAR: " mp "}) == "mp"
-    with pytest.raises(ValueError, match=f"{VAR} must be auto .* or mp .*not ''"):
+    assert vllm_model.engine_executor_mode({}) == "mp"
+    assert vllm_model.engine_executor_mode({VAR: " uni "}) == "uni"
+    with pytest.raises(ValueError, match=f"{VAR} must be mp .* or uni .*not ''"):
         vllm_model.engine_executor_mode({VAR: ""})
