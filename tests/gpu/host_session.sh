@@ -68,7 +68,7 @@
 #   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
 #   ready-3b-mp  bare, trinity and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): time to ready only, warm caches, for
-#              the executor's default (docs/serve.md, "Start-up against throughput"); after a 3B step
+#              the executor's default (docs/serve.md, "The engine's executor"); after a 3B step
 #   ready-3b-fork  bare, trinity, trinity-mp and trinity-mp-fork (RFTSTACK_VLLM_FORK_WORKERS=1: the EngineCore
 #              forks its worker, patches/vllm-fork-workers.patch): time to ready only, warm caches; after a 3B step
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
