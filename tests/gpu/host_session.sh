@@ -41,8 +41,9 @@
 #              (RFTSTACK_PROXY_NUMERIC_LOGPROBS=0: upstream's logprobs objects) and trinity-mp (numeric, mp executor)
 #              in one run, c=32,64, 8 rounds per level, equal and spread lengths: the numeric-logprobs patches' effect
 #   proxy3b-mp  the 3B shape: bare and trinity-mp (numeric logprobs and the mp executor) only, as proxy3b-numeric
-#   proxy3b-long  bare, trinity and trinity-mp with levels four times longer (--rounds 32: 1024 and 2048 requests,
-#              10-20 s each), for reading the 0.95 goal through the run-to-run noise of 3-5 s levels (session L)
+#   proxy3b-long  bare, trinity (today's defaults) and trinity-uni with levels four times longer (--rounds 32: 1024
+#              and 2048 requests, 10-20 s each), for reading the 0.95 goal through the run-to-run noise of 3-5 s levels
+#              (session L); with ready-3b-exec, the Summary's two runs (bench/summary_table.py)
 #   proxy3b-long-fork  the same with trinity-mp-fork (the mp executor whose EngineCore forks its worker,
 #              RFTSTACK_VLLM_FORK_WORKERS=1) in place of trinity-mp: the configuration a switched default would serve
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
@@ -69,6 +70,8 @@
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
 #   ready-3b-mp  bare, trinity and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): time to ready only, warm caches, for
 #              the executor's default (docs/serve.md, "The engine's executor"); after a 3B step
+#   ready-3b-exec  bare, trinity (today's defaults), trinity-uni and trinity-mp (spawned): time to ready only, warm
+#              caches, after a 3B step; the Summary's ready figure with today's defaults
 #   ready-3b-fork  bare, trinity, trinity-mp and trinity-mp-fork (RFTSTACK_VLLM_FORK_WORKERS=1: the EngineCore
 #              forks its worker, patches/vllm-fork-workers.patch): time to ready only, warm caches; after a 3B step
 #   default    tests/gpu/test_serve_gpu.py          the embedded default
@@ -144,7 +147,7 @@ for step in "${steps[@]}"; do
                  --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-mp --phases bare,trinity-mp \
                  --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
-        proxy3b-long) bench --model /tmp/bench/qwen3b --label qwen3b-long --phases bare,trinity,trinity-mp \
+        proxy3b-long) bench --model /tmp/bench/qwen3b --label qwen3b-long --phases bare,trinity,trinity-uni \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
         proxy3b-long-fork) bench --model /tmp/bench/qwen3b --label qwen3b-long-fork --phases bare,trinity,trinity-mp-fork \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
@@ -169,6 +172,8 @@ for step in "${steps[@]}"; do
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,trinity-cold,manual --ready-only --budget-s 900 ;;
         ready-3b-fork) bench --model /tmp/bench/qwen3b --label qwen3b-warm-fork --phases bare,trinity,trinity-mp,trinity-mp-fork \
+                 --ready-only --budget-s 900 ;;
+        ready-3b-exec) bench --model /tmp/bench/qwen3b --label qwen3b-warm-exec --phases bare,trinity,trinity-uni,trinity-mp \
                  --ready-only --budget-s 900 ;;
         ready-3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-warm-mp --phases bare,trinity,trinity-mp --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
