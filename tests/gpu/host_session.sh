@@ -61,15 +61,16 @@
 #   frontend3b-logprobs-mode  bare only: default, and with --logprobs-mode processed_logprobs (what Trinity's engine
 #              sets, for the sampling distribution's logprobs) on uni and on mp: whether that mode is the engine's
 #              remaining cost against bare with the same fields (session N: 0.87 on one machine)
-#   frontend3b-numeric-mpfork  its serve part only, with the mp executor and forked workers
-#              (RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1): proxy against engine direct there
+#   frontend3b-numeric-mpfork  its serve part only, with the mp executor and forked workers spelled out
+#              (RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1, the defaults since session N): proxy
+#              against engine direct there
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
 #              sqlite-gc and hop-gc at c=32,64, 2000 requests a level, to set the host's CPU cost beside profile3b's
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
-#   ready-3b-mp  bare, trinity and trinity-mp (RFTSTACK_ENGINE_EXECUTOR=mp): time to ready only, warm caches, for
-#              the executor's default (docs/serve.md, "The engine's executor"); after a 3B step
+#   ready-3b-mp  bare, trinity and trinity-mp: time to ready only, warm caches, after a 3B step (session K's step,
+#              then trinity on uni; ready-3b-exec holds the same phases and trinity-uni)
 #   ready-3b-exec  bare, trinity (today's defaults), trinity-uni and trinity-mp (spawned): time to ready only, warm
 #              caches, after a 3B step; the Summary's ready figure with today's defaults
 #   ready-3b-fork  bare, trinity, trinity-mp and trinity-mp-fork (RFTSTACK_VLLM_FORK_WORKERS=1: the EngineCore
