@@ -14,6 +14,11 @@ python3 /tmp/wh/part-000/install.py --parts /tmp/wh/part-* > /tmp/install.log 2>
 tail -15 /tmp/install.log
 python3 -m rftstack.stack.patches "$(python3 -c "import sysconfig;print(sysconfig.get_paths()['purelib'])")" > /tmp/patches.log 2>&1
 echo "patches rc=$?"; tail -3 /tmp/patches.log
+# The bundle carries the rftstack wheel of the tree it was built from, with that tree's patches (applied at
+# install). A bundle older than this tree would run the old patches under the new tests: refuse it.
+if ! python3 tests/gpu/device/same_tree.py /tmp/repo; then
+    echo "not starting $*: rebuild the bundle from this tree (tests/gpu/device/kit.sh) and carry it again"; exit 1
+fi
 mkdir -p /tmp/gs
 export JAVA=/tmp/jre/jre17/bin/java AGENT_CLASSES=/tmp/agent-classes
 (setsid bash tests/gpu/host_session.sh "$@" </dev/null >/tmp/gs.out 2>&1 &)

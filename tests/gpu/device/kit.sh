@@ -8,6 +8,9 @@
 # The bundle itself: rftstack bundle build --out .wheelhouse --python 3.12 --platform manylinux_2_31_x86_64 \
 #   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 52
 # (52 MiB: a part and the working tree, about 10 MB, must stay under the 64 MiB one call carries.)
+# Rebuild it after any change to rftstack (seconds from uv's cache): the bundle carries the rftstack wheel of the tree
+# it was built from, and install.py applies that wheel's patches; go.sh refuses a bundle whose policy or patches are
+# not the carried tree's (same_tree.py; session O ran an older one before this check).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../../.." && pwd)
 out=${1:-$repo/.gpu-extra}
