@@ -1,5 +1,5 @@
 """tests/gpu/device/same_tree.py, run here (no GPU needed): go.sh's check, after the bundle's install on the GPU
-host, that the installed rftstack carries this tree's policy and patches. Session O ran a bundle built before a
+host, that the installed rftstack carries this tree's package files, policy and patches. Session O ran a bundle built before a
 patch changed: the host applied the older patch and the new tests ran against it. Here the installed rftstack is
 this checkout's; the trees compared are copies of it, one file changed."""
 
@@ -21,8 +21,9 @@ def check(tree: Path) -> subprocess.CompletedProcess:
 def tree_copy(tmp_path: Path) -> Path:
     tree = tmp_path / "tree"
     shutil.copytree(ROOT / "patches", tree / "patches")
-    (tree / "python" / "rftstack" / "data").mkdir(parents=True)
-    shutil.copy(ROOT / "python" / "rftstack" / "data" / "policy.toml", tree / "python" / "rftstack" / "data")
+    shutil.copytree(
+        ROOT / "python" / "rftstack", tree / "python" / "rftstack", ignore=shutil.ignore_patterns("__pycache__")
+    )
     return tree
 
 
@@ -57,3 +58,15 @@ def test_policy_and_missing_or_extra_patches_are_named(tmp_path):
         "vllm-fork-workers.patch (only in the install)",
     ):
         assert name in done.stdout
+
+
+def test_changed_code_is_named_though_the_patches_match(tmp_path):
+    tree = tree_copy(tmp_path)
+    runner = tree / "python" / "rftstack" / "stack" / "patches.py"
+    runner.write_text(runner.read_text() + "\n# a later commit\n")
+    (tree / "python" / "rftstack" / "new_module.py").write_text("")
+    done = check(tree)
+    assert done.returncode == 1
+    assert "stack/patches.py (differs)" in done.stdout
+    assert "new_module.py (missing from the install)" in done.stdout
+    assert "patch (" not in done.stdout.replace("stack/patches.py (", ""), "no patch file is named"

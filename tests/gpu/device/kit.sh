@@ -9,8 +9,8 @@
 #   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 52
 # (52 MiB: a part and the working tree, about 10 MB, must stay under the 64 MiB one call carries.)
 # Rebuild it after any change to rftstack (seconds from uv's cache): the bundle carries the rftstack wheel of the tree
-# it was built from, and install.py applies that wheel's patches; go.sh refuses a bundle whose policy or patches are
-# not the carried tree's (same_tree.py; session O ran an older one before this check).
+# it was built from, and install.py applies that wheel's patches; go.sh refuses a bundle whose rftstack package (code,
+# policy) or patches are not the carried tree's (same_tree.py; session O ran an older one before this check).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../../.." && pwd)
 out=${1:-$repo/.gpu-extra}
