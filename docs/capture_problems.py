@@ -8,7 +8,6 @@ report's server, 570.133.20 with an RTX 5880 Ada), as in tests/doctor/test_docto
 import os
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 

@@ -46,6 +46,10 @@
 #              (session L); with ready-3b-exec, the Summary's two runs (bench/summary_table.py)
 #   proxy3b-long-fork  the same with trinity-mp-fork (the mp executor whose EngineCore forks its worker,
 #              RFTSTACK_VLLM_FORK_WORKERS=1) in place of trinity-mp: the configuration a switched default would serve
+#   proxy3b-c32  where the c=32 gap on today's defaults lies (session P: 0.84, the median answer 56 ms later than
+#              bare's): bare and trinity with long levels at c=32,64 *with* the like-proxy runs (bare given the proxy's
+#              fields; Trinity's engine straight, engine_direct), then bare alone with --distributed-executor-backend mp:
+#              proxy vs its engine is the hop and commit, bare-mp vs bare is the executor's own cost
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -150,6 +154,11 @@ for step in "${steps[@]}"; do
                  --no-like-proxy --rounds 8 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 900 ;;
         proxy3b-long) bench --model /tmp/bench/qwen3b --label qwen3b-long --phases bare,trinity,trinity-uni \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
+        proxy3b-c32) bench --model /tmp/bench/qwen3b --label qwen3b-c32 --phases bare,trinity \
+                 --rounds 32 --level-timeout 60 --concurrency 32,64 --budget-s 1200 \
+              && bench --model /tmp/bench/qwen3b --label qwen3b-c32-bare-mp --phases bare \
+                 --bare-extra-args "--distributed-executor-backend mp" --no-like-proxy --rounds 32 --level-timeout 60 \
+                 --concurrency 32,64 --budget-s 600 ;;
         proxy3b-long-fork) bench --model /tmp/bench/qwen3b --label qwen3b-long-fork --phases bare,trinity,trinity-mp-fork \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \
