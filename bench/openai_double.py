@@ -112,6 +112,8 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description="a TEST DOUBLE OpenAI server on a free loopback port")
     ap.add_argument("--delay-s", type=float, default=0.0)
+    ap.add_argument("--name", default="", help="a word for the command line only, so that a profiler or a test can "
+                    "tell this double from others running on the machine")
     a = ap.parse_args()
     with OpenAIDouble(delay_s=a.delay_s, keep_bodies=False) as d:
         print("URL", d.base_url, flush=True)

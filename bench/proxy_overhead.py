@@ -317,10 +317,12 @@ def start(argv: list[str], log: Path) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def start_double(logs: Path, delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
-    """The TEST DOUBLE upstream (openai_double.py) and the URL it prints once it listens."""
+def start_double(logs: Path, delay_s: float = 0.0, name: str = "") -> tuple[subprocess.Popen, str]:
+    """The TEST DOUBLE upstream (openai_double.py) and the URL it prints once it listens; ``name`` goes on its
+    command line (``--name``), where a profiler's pattern can find this double and no other."""
     log = logs / "double.log"
-    double = start([sys.executable, str(HERE / "openai_double.py"), "--delay-s", str(delay_s)], log)
+    double = start([sys.executable, str(HERE / "openai_double.py"), "--delay-s", str(delay_s),
+                    *(["--name", name] if name else [])], log)
     end = time.monotonic() + 30
     while time.monotonic() < end:
         for line in log.read_text().splitlines():

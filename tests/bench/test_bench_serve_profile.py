@@ -6,6 +6,7 @@ the GPU host (bench/README.md)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -165,21 +166,25 @@ def test_bad_input_is_one_sentence(tmp_path, argv, says):
 def test_profile_targets_samples_each_named_process_under_load(tmp_path):
     """The serve's profile window, on this machine: a closed loop against the TEST DOUBLE upstream while py-spy
     records the processes named by command-line prefix (``*`` = anywhere): the double is found and profiled
-    (its busiest thread, stages summing to its CPU per response), a name that matches nothing is reported."""
+    (its busiest thread, stages summing to its CPU per response), a name that matches nothing is reported.
+    The double carries a name of this test's own on its command line: another double on the machine (a benchmark
+    run beside the tests) once matched a bare ``*openai_double.py`` first."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    double, url = po.start_double(tmp_path)
+    tag = f"profiled-{os.getpid()}-{tmp_path.name}"
+    target = f"*--name {tag}"
+    double, url = po.start_double(tmp_path, name=tag)
     try:
         args = SimpleNamespace(max_tokens=8, warmup_s=0.5, window_s=1.0, py_spy_s=2, rate=50)
-        res = sp.profile_targets(url, "double", 4, args, [py_spy], tmp_path, ["*openai_double.py", "ray::NoSuchActor"], "t")
+        res = sp.profile_targets(url, "double", 4, args, [py_spy], tmp_path, [target, "ray::NoSuchActor"], "t")
         assert res["window"]["responses"] > 0 and res["window"]["errors"] == 0
         assert res["targets"]["ray::NoSuchActor"] == {"error": "no such process"}
-        got = res["targets"]["*openai_double.py"]
+        got = res["targets"][target]
         if got.get("error"):
             pytest.skip(f"py-spy cannot attach here: {got['py_spy']['stderr_tail']}")
         assert got["pid"] == double.pid
         loop = got["loop_thread"]
         assert loop["cpu_ms_per_response"] > 0
         assert sum(loop["cpu_ms_per_response_by_stage"].values()) == pytest.approx(loop["cpu_ms_per_response"], rel=0.02)
-        assert (tmp_path / "t-openai_double.py-c4.collapsed.gz").exists() and not list(tmp_path.glob("*.raw.txt"))
+        assert (tmp_path / f"t---name-{tag}-c4.collapsed.gz").exists() and not list(tmp_path.glob("*.raw.txt"))
     finally:
         po.stop(double)

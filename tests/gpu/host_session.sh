@@ -49,7 +49,9 @@
 #   proxy3b-c32  where the c=32 gap on today's defaults lies (session P: 0.84, the median answer 56 ms later than
 #              bare's): bare and trinity with long levels at c=32,64 *with* the like-proxy runs (bare given the proxy's
 #              fields; Trinity's engine straight, engine_direct), then bare alone with --distributed-executor-backend mp:
-#              proxy vs its engine is the hop and commit, bare-mp vs bare is the executor's own cost
+#              proxy vs its engine is the hop and commit, bare-mp vs bare is the executor's own cost; then the proxy
+#              alone on this host's CPU before a test double that answers after 0.27 s (bare's c=32 latency), so its
+#              answers come in bursts as vLLM's do: what recording adds to the hop (on the CPU machine: 35-55 ms)
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -158,7 +160,9 @@ for step in "${steps[@]}"; do
                  --rounds 32 --level-timeout 60 --concurrency 32,64 --budget-s 1200 \
               && bench --model /tmp/bench/qwen3b --label qwen3b-c32-bare-mp --phases bare \
                  --bare-extra-args "--distributed-executor-backend mp" --no-like-proxy --rounds 32 --level-timeout 60 \
-                 --concurrency 32,64 --budget-s 600 ;;
+                 --concurrency 32,64 --budget-s 600 \
+              && python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-delay.json" --variants sqlite-gc,hop-gc \
+                 --concurrency 32,64 --requests 1024 --upstream-delay-s 0.27 ;;
         proxy3b-long-fork) bench --model /tmp/bench/qwen3b --label qwen3b-long-fork --phases bare,trinity,trinity-mp-fork \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \
