@@ -52,6 +52,10 @@
 #              proxy vs its engine is the hop and commit, bare-mp vs bare is the executor's own cost; then the proxy
 #              alone on this host's CPU before a test double that answers after 0.27 s (bare's c=32 latency), so its
 #              answers come in bursts as vLLM's do: what recording adds to the hop (on the CPU machine: 35-55 ms)
+#   proxy3b-abba  bare and trinity (today's defaults) as in proxy3b-long, twice, the second time in the other order
+#              (bare, trinity; trinity, bare: labels qwen3b-abba1, qwen3b-abba2): two samples of each Summary figure
+#              from one machine, and how far one run's ratio moves from the next (sessions P and Q read 0.84 / 0.92
+#              and 0.92 / 0.85 at c=32 / c=64, bare's c=64 level 10384 against 12048 tok/s)
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -163,6 +167,11 @@ for step in "${steps[@]}"; do
                  --concurrency 32,64 --budget-s 600 \
               && python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-delay.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 1024 --upstream-delay-s 0.27 ;;
+        proxy3b-abba) for order in 1:bare,trinity 2:trinity,bare; do
+                   bench --model /tmp/bench/qwen3b --label "qwen3b-abba${order%%:*}" --phases "${order#*:}" \
+                     --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
+                     --budget-s 660 || break
+                 done ;;
         proxy3b-long-fork) bench --model /tmp/bench/qwen3b --label qwen3b-long-fork --phases bare,trinity,trinity-mp-fork \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \

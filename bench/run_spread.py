@@ -1,0 +1,88 @@
+"""How far one run's Summary figures move from the next: the load figures of several serve_vs_bare.py
+runs (the same tree, the same shape), each run's value side by side, their range, and the pooled ratio
+(every run's proxy tokens/s summed over every run's bare tokens/s: a run with a fast or slow bare counts
+once, as it would in a longer run).
+
+    python bench/run_spread.py bench/results/gpu-X/serve-qwen3b-long.json bench/results/gpu-Y/serve-qwen3b-abba1.json ...
+    python bench/run_spread.py --json RUN.json RUN.json ...
+
+Each run needs the `bare` and `trinity` phases with equal lengths at c=32 and c=64 and spread lengths at
+c=32 and c=64 (`--spread 0.75 --spread-levels 32,64`). The Summary table (bench/summary_table.py) is one
+run's; this is what a reader needs to weigh it: docs/benchmarks.md, "One run against the next".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from summary_table import MissingFigure, _level, _phase
+
+# (figure, phase key, concurrency): the throughput rows, proxy tokens/s over bare's
+THROUGHPUT = (
+    ("proxy/bare c=64 equal", "load", 64),
+    ("proxy/bare c=64 spread", "load_spread", 64),
+    ("proxy/bare c=32 equal", "load", 32),
+    ("proxy/bare c=32 spread", "load_spread", 32),
+)
+P99 = "p99 proxy/bare c=32"
+
+
+def _tok_s(result: dict, phase: str, key: str, c: int, where: str) -> float:
+    return float(_level(_phase(result, phase, where), key, c, where)["output_tokens_per_s"])
+
+
+def spread(runs: list[tuple[str, dict]]) -> dict:
+    """{figure: {"runs": [value per run], "min", "max", "pooled"}} (p99 has no pooled value: a
+    percentile of several runs cannot be had from each run's percentile)."""
+    if len(runs) < 2:
+        raise MissingFigure("give two runs or more: one run has no spread")
+    out: dict = {}
+    for name, key, c in THROUGHPUT:
+        proxy = [_tok_s(r, "trinity", key, c, where) for where, r in runs]
+        bare = [_tok_s(r, "bare", key, c, where) for where, r in runs]
+        values = [p / b for p, b in zip(proxy, bare)]
+        out[name] = {"runs": values, "min": min(values), "max": max(values), "pooled": sum(proxy) / sum(bare)}
+    p99 = []
+    for where, r in runs:
+        b = _level(_phase(r, "bare", where), "load", 32, where)["latency_s"]["p99"]
+        p = _level(_phase(r, "trinity", where), "load", 32, where)["latency_s"]["p99"]
+        p99.append(p / b)
+    out[P99] = {"runs": p99, "min": min(p99), "max": max(p99), "pooled": None}
+    return out
+
+
+def table(runs: list[tuple[str, dict]], figures: dict) -> str:
+    head = "| figure | " + " | ".join(r.get("label", "?") for _, r in runs) + " | range | pooled |"
+    out = [head, "|---" * (len(runs) + 3) + "|"]
+    for name, f in figures.items():
+        cells = [f"{v:.2f}" for v in f["runs"]]
+        pooled = "-" if f["pooled"] is None else f"{f['pooled']:.2f}"
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {f['min']:.2f}-{f['max']:.2f} | {pooled} |")
+    out.append("")
+    out += [f"- `{where}`: {r.get('label')}, started {r.get('started')}" for where, r in runs]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="serve_vs_bare.py results with bare and trinity load runs")
+    ap.add_argument("--json", action="store_true", help="the figures as JSON instead of a markdown table")
+    args = ap.parse_args(argv)
+    try:
+        runs = [(p, json.loads(Path(p).read_text())) for p in args.runs]
+        figures = spread(runs)
+    except (OSError, json.JSONDecodeError, MissingFigure) as exc:
+        print(f"run_spread: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"runs": [p for p, _ in runs], "figures": figures}, indent=2))
+    else:
+        sys.stdout.write(table(runs, figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
