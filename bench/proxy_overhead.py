@@ -29,13 +29,18 @@ Variants (``--variants``):
   sqlite-shm  the same SQLite file on /dev/shm (tmpfs): explorer.db_url = sqlite:////dev/shm/...
   sqlite-wal  the SQLite file on disk with `PRAGMA journal_mode=WAL; synchronous=NORMAL` set on every
               new connection (an SQLAlchemy "connect" event: what a named rftstack patch would do)
+  sqlite-prebuilt  sqlite-gc with every experience after the first a copy of the first, already built and
+              serialized: NOT a way to record (every row holds the first answer's blob), the bound on what building
+              and serializing experiences off the proxy's event loop could give; the rows, the recorder and the
+              group commit are today's
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
-Every sqlite variant but sqlite-group and sqlite-fast runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e.
-upstream's write path whether or not the patch is installed, and every variant but hop-fast and
-sqlite-fast with RFTSTACK_PROXY_FAST_FORWARD=0, and every variant but hop-gc and sqlite-gc with
-RFTSTACK_PROXY_GC=0, so one run compares them side by side.
+Every sqlite variant but sqlite-group, sqlite-fast, sqlite-gc and sqlite-prebuilt runs with
+RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write path whether or not the patch is installed, every
+variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc and sqlite-prebuilt with RFTSTACK_PROXY_FAST_FORWARD=0,
+and every variant but hop-gc, sqlite-gc and sqlite-prebuilt with RFTSTACK_PROXY_GC=0, so one run compares
+them side by side.
 Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
               default, access log on)
@@ -63,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import importlib.util
 import json
 import os
@@ -81,7 +87,7 @@ import loadgen  # noqa: E402
 from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
-            "sqlite-wal", "sqlite-pool1")
+            "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt")
 FLAGS = ("quiet", "h11", "published", "offer", "numeric")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
@@ -97,17 +103,17 @@ def group_commit_setting(variant: str) -> str | None:
     base = variant.partition("+")[0]
     if not base.startswith("sqlite"):
         return None
-    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc") else "0"
+    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt") else "0"
 
 
 def fast_forward_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_FAST_FORWARD a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc") else "0"
+    return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc", "sqlite-prebuilt") else "0"
 
 
 def gc_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_GC a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc") else "0"
+    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt") else "0"
 
 
 def variants_problem(variants: list[str]) -> str | None:
@@ -212,7 +218,37 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
         async def allocate_model(self, increase_count: bool = True):
             return upstream, 0
 
-        if not base.startswith("hop"):
+        if base == "sqlite-prebuilt":
+            async def record_experience(self, response, model_version):
+                """NOT a way to record (every row gets the first answer's blob): the bound on what building
+                and serializing experiences elsewhere could give. The first answer goes through Trinity's
+                own code; later ones get a copy of its experience (their own id and model version) whose
+                serialize() returns its bytes, and go through the same recorder and group commit."""
+                first = getattr(self, "prebuilt", None)
+                if first is None:
+                    from trinity.common.experience import Experience
+
+                    original = Experience.serialize
+                    made: list = []
+                    Experience.serialize = lambda exp: made.append(exp) or original(exp)  # type: ignore[method-assign]
+                    try:
+                        await ExplorerService.record_experience(self, response, model_version)
+                    finally:
+                        Experience.serialize = original  # type: ignore[method-assign]
+                    self.prebuilt = made[0]
+                    blob = original(made[0])
+                    Experience.serialize = lambda exp: blob  # type: ignore[method-assign]
+                    return
+                experiences = []
+                for _ in response["choices"]:
+                    exp = copy.copy(first)
+                    exp.eid = copy.copy(first.eid)
+                    exp.eid.suffix = response["id"]
+                    exp.info = {"model_version": model_version}
+                    experiences.append(exp)
+                self.total_experience_count += len(experiences)
+                await self.recorder.record_history(experiences)
+        elif not base.startswith("hop"):
             record_experience = ExplorerService.record_experience  # Trinity's own code
         else:
             async def record_experience(self, response, model_version):

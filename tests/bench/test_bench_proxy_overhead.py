@@ -97,9 +97,28 @@ def test_gc_setting_per_variant():
     import proxy_overhead as po
 
     got = {v: (po.gc_setting(v), po.fast_forward_setting(v), po.group_commit_setting(v))
-           for v in ("hop", "hop-fast", "hop-gc", "sqlite-fast", "sqlite-gc", "sqlite-gc+quiet")}
+           for v in ("hop", "hop-fast", "hop-gc", "sqlite-fast", "sqlite-gc", "sqlite-gc+quiet", "sqlite-prebuilt")}
     assert got == {"hop": ("0", "0", None), "hop-fast": ("0", "1", None), "hop-gc": ("1", "1", None),
-                   "sqlite-fast": ("0", "1", "1"), "sqlite-gc": ("1", "1", "1"), "sqlite-gc+quiet": ("1", "1", "1")}
+                   "sqlite-fast": ("0", "1", "1"), "sqlite-gc": ("1", "1", "1"), "sqlite-gc+quiet": ("1", "1", "1"),
+                   "sqlite-prebuilt": ("1", "1", "1")}
+
+
+@pytest.mark.slow
+def test_sqlite_prebuilt_records_a_row_per_response_with_todays_settings(tmp_path):
+    """The bound on building and serializing experiences off the loop: today's patches on (group commit,
+    fast forward, gc), one row per response through the same recorder, beside sqlite-gc in one run."""
+    import proxy_overhead as po
+
+    if not po.app_patch_installed(po.GC_VAR):
+        pytest.skip("needs `rftstack relax` (the gc patch)")
+    out = tmp_path / "pre.json"
+    r = overhead(out, "sqlite-gc,sqlite-prebuilt", 8, 24, 5)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for v in ("sqlite-gc", "sqlite-prebuilt"):
+        run = res["runs"][v]
+        assert run["proxy_gc_tuning"] is True and run["proxy_fast_forward"] is True and run["recorder_group_commit"] is True
+        assert run["levels"][0]["ok"] == 24 and run["levels"][0]["errors"] == 0 and run["recorded_rows"] == 8 + 24
 
 
 def test_gc_window_counts_only_the_collections_inside_it():
