@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from summary_table import MissingFigure, _level, _phase
+from summary_table import MissingFigure, _level, _phase, p99_ratio
 
 # (figure, phase key, concurrency): the throughput rows, proxy tokens/s over bare's
 THROUGHPUT = (
@@ -45,11 +45,7 @@ def spread(runs: list[tuple[str, dict]]) -> dict:
         bare = [_tok_s(r, "bare", key, c, where) for where, r in runs]
         values = [p / b for p, b in zip(proxy, bare)]
         out[name] = {"runs": values, "min": min(values), "max": max(values), "pooled": sum(proxy) / sum(bare)}
-    p99 = []
-    for where, r in runs:
-        b = _level(_phase(r, "bare", where), "load", 32, where)["latency_s"]["p99"]
-        p = _level(_phase(r, "trinity", where), "load", 32, where)["latency_s"]["p99"]
-        p99.append(p / b)
+    p99 = [p99_ratio(r, where) for where, r in runs]
     out[P99] = {"runs": p99, "min": min(p99), "max": max(p99), "pooled": None}
     return out
 

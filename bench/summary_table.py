@@ -51,10 +51,15 @@ def _throughput(result: dict, key: str, concurrency: int, where: str) -> float:
     return proxy / bare
 
 
+def p99_ratio(result: dict, where: str) -> float:
+    """The proxy's p99 latency over bare's, equal lengths at c=32."""
+    bare = _level(_phase(result, "bare", where), "load", 32, where)["latency_s"]["p99"]
+    proxy = _level(_phase(result, "trinity", where), "load", 32, where)["latency_s"]["p99"]
+    return proxy / bare
+
+
 def figures(load: dict, ready: dict, load_name: str, ready_name: str) -> list[tuple[str, str, str]]:
     """(figure, value as printed, source) rows, in the order the table lists them."""
-    p99_bare = _level(_phase(load, "bare", load_name), "load", 32, load_name)["latency_s"]["p99"]
-    p99_proxy = _level(_phase(load, "trinity", load_name), "load", 32, load_name)["latency_s"]["p99"]
     ready_s = {name: (_phase(ready, name, ready_name).get("ready") or {}).get("models_s") for name in ("bare", "trinity")}
     if not all(ready_s.values()):
         raise MissingFigure(f"{ready_name}: a phase never became ready ({ready_s}); rerun it")
@@ -62,7 +67,7 @@ def figures(load: dict, ready: dict, load_name: str, ready_name: str) -> list[tu
         ("proxy/bare c=64 equal", f"{_throughput(load, 'load', 64, load_name):.2f}", load_name),
         ("proxy/bare c=64 spread", f"{_throughput(load, 'load_spread', 64, load_name):.2f}", load_name),
         ("proxy/bare c=32 equal", f"{_throughput(load, 'load', 32, load_name):.2f}", load_name),
-        ("p99 proxy/bare c=32", f"{p99_proxy / p99_bare:.2f}", load_name),
+        ("p99 proxy/bare c=32", f"{p99_ratio(load, load_name):.2f}", load_name),
         ("ready/bare warm", f"{ready_s['trinity'] / ready_s['bare']:.2f}", ready_name),
     ]
 
