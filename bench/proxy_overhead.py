@@ -33,14 +33,19 @@ Variants (``--variants``):
               serialized: NOT a way to record (every row holds the first answer's blob), the bound on what building
               and serializing experiences off the proxy's event loop could give; the rows, the recorder and the
               group commit are today's
+  sqlite-process  sqlite-gc with the whole recording (parsing, building the experiences, serializing, the SQL
+              write) in a process of its own (bench/recorder_process.py, Trinity's record_experience and recorder
+              there): the proxy does not parse the upstream's answer, sends its bytes over a Unix socket and
+              awaits the rows' commit before it answers, as today; what a patch moving the recording out of the
+              proxy's event loop would give. Its CPU is reported beside the proxy's (recorder_cpu_ms_per_response)
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
-Every sqlite variant but sqlite-group, sqlite-fast, sqlite-gc and sqlite-prebuilt runs with
+Every sqlite variant but sqlite-group, sqlite-fast, sqlite-gc, sqlite-prebuilt and sqlite-process runs with
 RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write path whether or not the patch is installed, every
-variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc and sqlite-prebuilt with RFTSTACK_PROXY_FAST_FORWARD=0,
-and every variant but hop-gc, sqlite-gc and sqlite-prebuilt with RFTSTACK_PROXY_GC=0, so one run compares
-them side by side.
+variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc, sqlite-prebuilt and sqlite-process with
+RFTSTACK_PROXY_FAST_FORWARD=0, and every variant but hop-gc, sqlite-gc, sqlite-prebuilt and sqlite-process
+with RFTSTACK_PROXY_GC=0, so one run compares them side by side.
 Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
               default, access log on)
@@ -87,7 +92,7 @@ import loadgen  # noqa: E402
 from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
-            "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt")
+            "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt", "sqlite-process")
 FLAGS = ("quiet", "h11", "published", "offer", "numeric")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
@@ -103,17 +108,18 @@ def group_commit_setting(variant: str) -> str | None:
     base = variant.partition("+")[0]
     if not base.startswith("sqlite"):
         return None
-    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt") else "0"
+    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt", "sqlite-process") else "0"
 
 
 def fast_forward_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_FAST_FORWARD a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc", "sqlite-prebuilt") else "0"
+    return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc", "sqlite-prebuilt",
+                                                "sqlite-process") else "0"
 
 
 def gc_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_GC a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt") else "0"
+    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt", "sqlite-process") else "0"
 
 
 def variants_problem(variants: list[str]) -> str | None:
@@ -213,7 +219,10 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
                 os.close(fd)
                 os.unlink(path)
                 self.db_path = path
-                self.recorder = HistoryRecorder(db_url=f"sqlite:///{path}", table_name="proxy_history")
+                if base == "sqlite-process":  # the recorder is the other process's
+                    self.recording = start_recorder_process(f"sqlite:///{path}", workdir)
+                else:
+                    self.recorder = HistoryRecorder(db_url=f"sqlite:///{path}", table_name="proxy_history")
 
         async def allocate_model(self, increase_count: bool = True):
             return upstream, 0
@@ -248,6 +257,10 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
                     experiences.append(exp)
                 self.total_experience_count += len(experiences)
                 await self.recorder.record_history(experiences)
+        elif base == "sqlite-process":
+            async def record_experience(self, response, model_version):
+                """The answer's bytes, unparsed (see RawAnswer), to the recorder process; back once committed."""
+                self.total_experience_count += await self.recording[1].record(response.raw, model_version)
         elif not base.startswith("hop"):
             record_experience = ExplorerService.record_experience  # Trinity's own code
         else:
@@ -276,12 +289,18 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
         sql_schema.create_async_engine = _one_connection
 
     service = ServiceStandIn()
+    if base == "sqlite-process":  # the proxy leaves the answer unparsed for the recorder process
+        parse, without_traceback = proxy_app._fast_loads, proxy_app._without_traceback
+        proxy_app._fast_loads = RawAnswer
+        proxy_app._without_traceback = lambda data: without_traceback(
+            parse(data.raw) if isinstance(data, RawAnswer) else data)  # an upstream error: parsed, as before
+        print(f"RECORDER_PID {service.recording[0].pid}", flush=True)
     proxy_app.app.state.service = service
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
     print(f"FAST_FORWARD {os.environ[FAST_FORWARD_VAR]}", flush=True)
     print(f"NUMERIC_LOGPROBS {int(getattr(proxy_app, '_NUMERIC_LOGPROBS', False))}", flush=True)
-    if group_commit is not None:
+    if group_commit is not None and hasattr(service, "recorder"):  # sqlite-process: the recorder process prints it
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     gc_events = record_gc()
     print(f"READY {port}", flush=True)
@@ -297,6 +316,8 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
         pass
     finally:
         Path(workdir, f"gc-{variant}.json").write_text(json.dumps(gc_events))
+        if hasattr(service, "recording"):
+            stop_recorder(service.recording[0])  # its rows are all committed once it has ended
         p = getattr(service, "db_path", None)
         if p and os.path.exists(p):
             import sqlite3
@@ -304,6 +325,48 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
             rows = sqlite3.connect(p).execute("select count(*) from proxy_history").fetchone()[0]
             print(f"ROWS {rows}", flush=True)
             os.unlink(p)
+
+
+class RawAnswer(dict):
+    """The upstream's answer left unparsed by the proxy (variant sqlite-process): an empty dict holding the
+    bytes, which only the recorder process parses (and the proxy on an upstream error, as before)."""
+
+    def __init__(self, raw: bytes) -> None:
+        super().__init__()
+        self.raw = raw
+
+
+def start_recorder_process(db_url: str, workdir: str) -> tuple[subprocess.Popen, object]:
+    """bench/recorder_process.py for the proxy's recording (variant sqlite-process), once it listens, and the
+    proxy's client of it. It runs in the proxy's process group, so it ends with the proxy."""
+    import recorder_process
+
+    sock, log = Path(workdir, f"recorder-{os.getpid()}.sock"), Path(workdir, f"recorder-{os.getpid()}.log")
+    with open(log, "w") as out:
+        child = subprocess.Popen([sys.executable, str(HERE / "recorder_process.py"), "--socket", str(sock),
+                                  "--db-url", db_url], stdout=out, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    end = time.monotonic() + 120
+    while "READY" not in log.read_text().splitlines():
+        if child.poll() is not None or time.monotonic() > end:
+            stop_recorder(child)
+            raise RuntimeError(f"the recorder process did not start; its log {log} ends: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+    for line in log.read_text().splitlines():  # its GROUP_COMMIT line, into the proxy's log
+        if line.startswith("GROUP_COMMIT "):
+            print(line, flush=True)
+    return child, recorder_process.RecorderClient(str(sock))
+
+
+def stop_recorder(child: subprocess.Popen) -> None:
+    """End the recorder process (SIGINT: it finishes the answers in hand), killing it after 20 s."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def record_gc() -> list[list[float]]:
@@ -377,6 +440,12 @@ def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple
     return proxy, port
 
 
+def recorder_pid(proxy_log: Path) -> int | None:
+    """The recorder process's pid a proxy printed (variant sqlite-process), or None."""
+    pids = [ln.split()[1] for ln in proxy_log.read_text().splitlines() if ln.startswith("RECORDER_PID ")]
+    return int(pids[-1]) if pids else None
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process, all its threads (from /proc)."""
     import proc_cpu
@@ -447,15 +516,21 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
                 startup = time.monotonic() - t0
+                recorder = recorder_pid(logs / f"proxy-{v}.log")
                 cpu0, load0 = process_cpu_s(proxy.pid), time.monotonic()
+                rcpu0 = process_cpu_s(recorder) if recorder else 0.0
                 r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})", H2C_OFFER if "offer" in flags(v) else None)
                 cpu, load1 = process_cpu_s(proxy.pid) - cpu0, time.monotonic()
+                rcpu = process_cpu_s(recorder) - rcpu0 if recorder else None
                 r["proxy_startup_s"] = round(startup, 2)
             finally:
                 stop(proxy)
             answered = sum(lv["ok"] for lv in r["levels"]) + WARMUP * len(r["levels"])
             r["proxy_cpu_s"] = round(cpu, 3)
             r["proxy_cpu_ms_per_response"] = round(1000 * cpu / answered, 3) if answered else None
+            if rcpu is not None:
+                r["recorder_cpu_s"] = round(rcpu, 3)
+                r["recorder_cpu_ms_per_response"] = round(1000 * rcpu / answered, 3) if answered else None
             gc_file = work / f"gc-{v}.json"
             if gc_file.exists():
                 r["gc"] = gc_in_window(json.loads(gc_file.read_text()), load0, load1, answered)
@@ -509,6 +584,8 @@ def summary(result: dict) -> dict:
             }
         if run.get("proxy_cpu_ms_per_response") is not None:
             rows["cpu_ms_per_response"] = run["proxy_cpu_ms_per_response"]
+        if run.get("recorder_cpu_ms_per_response") is not None:
+            rows["recorder_cpu_ms_per_response"] = run["recorder_cpu_ms_per_response"]
         if run.get("gc"):
             rows["gc_wall_ms_per_response"] = run["gc"]["wall_ms_per_response"]
             rows["gc_max_pause_ms"] = run["gc"]["max_pause_ms"]

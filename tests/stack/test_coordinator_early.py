@@ -53,7 +53,11 @@ class ModelDouble:
         self.notes["models_shut_down"] = self.notes.get("models_shut_down", 0) + 1
 
 class AllocatorDouble:
-    '''TEST DOUBLE for trinity.common.models.allocator.Allocator: no engine, a sleep (or an error).'''
+    '''TEST DOUBLE for trinity.common.models.allocator.Allocator: no engine, a sleep (or an error).
+    Real engines take longer to start than an actor's process (a minute and more on the GPU host), so
+    after its sleep the double also lasts until the Explorer's coordinator, when it made one, has started,
+    for at most START_WAIT_S: a loaded machine may take longer than any fixed sleep to start a process.'''
+    START_WAIT_S = 300
     def __init__(self, explorer, sleep_s, fail):
         self.explorer, self.sleep_s, self.fail, self.notes = explorer, sleep_s, fail, {}
     async def create_all_models(self):
@@ -61,11 +65,15 @@ class AllocatorDouble:
         coordinator = self.explorer.rollout_coordinator  # the Explorer's handle, when it made one
         self.notes["coordinator_when_models_done"] = "none"
         if coordinator is not None:
-            try:  # its process started (imports done) by now?
-                await asyncio.wait_for(asyncio.wrap_future(coordinator.__ray_ready__.remote().future()), 1)
+            self.notes["coordinator_when_models_done"] = "created"
+            started = time.time()
+            try:  # its process starts (imports) while the models start
+                await asyncio.wait_for(asyncio.wrap_future(coordinator.__ray_ready__.remote().future()),
+                                       self.START_WAIT_S)
                 self.notes["coordinator_when_models_done"] = "started"
             except asyncio.TimeoutError:
-                self.notes["coordinator_when_models_done"] = "created"
+                pass
+            self.notes["waited_for_coordinator_s"] = time.time() - started
         self.notes["models_done"] = time.time()
         if self.fail:
             raise RuntimeError("the models double failed")
@@ -84,6 +92,7 @@ config.check_and_update()
 ray.init(address="local", num_cpus=4, include_dashboard=False, namespace=config.ray_namespace)  # a head of its own
 results = {}
 for name, sc in json.loads(sys.argv[2]).items():
+    begun = time.time()
     cfg = load_config(sys.argv[1]); cfg.check_and_update()
     if sc.get("bad_operator"):  # the real coordinator's prepare then fails on the unknown operator
         from trinity.common.config import OperatorConfig
@@ -106,7 +115,8 @@ for name, sc in json.loads(sys.argv[2]).items():
     if not error:
         ray.get(actor.shutdown.remote())
     ray.kill(actor)
-    results[name] = {"error": error, "notes": notes, "gap_s": done - notes["models_done"], "alive_after": left}
+    results[name] = {"error": error, "notes": notes, "gap_s": done - notes["models_done"], "alive_after": left,
+                     "wall_s": time.time() - begun}
 ray.shutdown()
 print("PROBE " + json.dumps(results))
 """
@@ -128,11 +138,11 @@ def run_probe(config_path, scenarios: dict) -> tuple[dict, str]:
 def runs(tmp_path_factory, tiny_model) -> tuple[dict, str]:
     cfg = write_report_config(tmp_path_factory.mktemp("coordinator") / "serve.yaml", tiny_model)
     return run_probe(cfg, {
-        "early": {"early": "1", "sleep_s": 40},
+        "early": {"early": "1", "sleep_s": 5},
         "upstream": {"early": "0", "sleep_s": 5},
         "models_fail": {"early": "1", "sleep_s": 5, "fail_models": True},
         "coordinator_fails": {"early": "1", "sleep_s": 5, "bad_operator": True},
-        "both_fail": {"early": "1", "sleep_s": 30, "fail_models": True, "bad_operator": True},
+        "both_fail": {"early": "1", "sleep_s": 5, "fail_models": True, "bad_operator": True},
     })  # fmt: skip
 
 

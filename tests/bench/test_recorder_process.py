@@ -1,0 +1,104 @@
+"""bench/recorder_process.py: the proxy's recording in a process of its own (variant sqlite-process of
+bench/proxy_overhead.py). Real: the recorder process (Trinity's record_experience, HistoryRecorder and
+SQLite file), its Unix socket and the proxy's client of it; in the variant, Trinity's proxy app before a
+TEST DOUBLE upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ANSWER = {"id": "chatcmpl-1", "prompt_token_ids": [1, 2, 3],
+          "choices": [{"index": 0, "token_ids": [4, 5], "message": {"role": "assistant", "content": "hi"},
+                       "logprobs": {"content": [{"token": "h", "logprob": -0.5}, {"token": "i", "logprob": -0.25}]}},
+                      {"index": 1, "token_ids": [6], "message": {"role": "assistant", "content": "!"},
+                       "logprobs": {"content": [{"token": "!", "logprob": -1.0}]}}]}  # fmt: skip
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    sock, db = tmp_path / "r.sock", tmp_path / "h.db"
+    log = open(tmp_path / "recorder.log", "w")  # noqa: SIM115 (closed below)
+    child = subprocess.Popen([sys.executable, str(REPO / "bench/recorder_process.py"), "--socket", str(sock),
+                              "--db-url", f"sqlite:///{db}"], stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    end = time.monotonic() + 120
+    while "READY" not in (tmp_path / "recorder.log").read_text().splitlines():
+        assert child.poll() is None and time.monotonic() < end, (tmp_path / "recorder.log").read_text()[-3000:]
+        time.sleep(0.1)
+    yield child, str(sock), db
+    if child.poll() is None:
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=30)
+    log.close()
+
+
+def test_answers_are_recorded_by_the_other_process_and_a_bad_one_is_a_sentence(recorder):
+    import recorder_process
+
+    child, sock, db = recorder
+
+    async def go():
+        client = recorder_process.RecorderClient(sock)
+        counts = await asyncio.gather(*(client.record(json.dumps({**ANSWER, "id": f"chatcmpl-{i}"}).encode(), 7)
+                                        for i in range(20)))  # fmt: skip
+        with pytest.raises(RuntimeError, match="the recorder process could not record the answer: "):
+            await client.record(b"not json", 7)
+        return counts
+
+    assert asyncio.run(go()) == [2] * 20  # two choices, two experiences each
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=30) == 0
+    rows = sqlite3.connect(db).execute("select count(*) from proxy_history").fetchone()[0]
+    assert rows == 40
+
+
+def test_a_recorder_that_is_gone_fails_what_is_in_flight_with_a_sentence(recorder):
+    import recorder_process
+
+    child, sock, _ = recorder
+
+    async def go():
+        client = recorder_process.RecorderClient(sock)
+        assert await client.record(json.dumps(ANSWER).encode(), 0) == 2
+        child.kill()
+        child.wait(timeout=30)
+        await asyncio.sleep(0.5)  # the client has read the end of its connection
+        with pytest.raises((RuntimeError, ConnectionError, FileNotFoundError)):
+            await client.record(json.dumps(ANSWER).encode(), 0)
+
+    asyncio.run(go())
+
+
+@pytest.mark.slow
+def test_sqlite_process_records_a_row_per_response_beside_sqlite_gc(tmp_path):
+    """The variant: today's patches on, the proxy leaves the answers unparsed, every response recorded
+    (one row each) by the recorder process, whose CPU is reported beside the proxy's."""
+    import proxy_overhead as po
+
+    out = tmp_path / "proc.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants",
+                        "sqlite-gc,sqlite-process", "--concurrency", "8", "--requests", "24", "--max-tokens", "5"],
+                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    if not po.app_patch_installed(po.GC_VAR):
+        assert r.returncode == 2 and "need the gc patch" in r.stderr and "Traceback" not in r.stderr
+        return
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for v in ("sqlite-gc", "sqlite-process"):
+        run = res["runs"][v]
+        assert run["proxy_gc_tuning"] is True and run["proxy_fast_forward"] is True and run["recorder_group_commit"] is True
+        assert run["levels"][0]["ok"] == 24 and run["levels"][0]["errors"] == 0 and run["recorded_rows"] == 8 + 24
+    assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
+    assert res["runs"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
+    assert res["summary"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
