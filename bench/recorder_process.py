@@ -3,7 +3,8 @@ measures. The proxy sends the upstream's answer as it came (bytes) with its mode
 socket and awaits this process's acknowledgement (the rows committed) before it answers its client, as
 Trinity's proxy awaits its recorder today; parsing, building the experiences, serializing them and the SQL
 write happen here, on another CPU, with Trinity's own code (``ExplorerService.record_experience`` and its
-``HistoryRecorder``, the group-commit patch on as `rftstack relax` installs it).
+``HistoryRecorder``, the group-commit patch on as `rftstack relax` installs it; the objects of its start
+frozen for the garbage collector, as the gc patch does in the proxy's process).
 
 Frames (network byte order): a request is id (u64), model version (i64), length (u32) and the answer's
 bytes; an acknowledgement is id (u64), ok (u8), length (u32) and a message: the number of experiences
@@ -95,6 +96,8 @@ async def serve(path: str, db_url: str, table: str) -> None:
     from trinity.explorer.proxy.service import ExplorerService
 
     service = RecordingService(db_url, table)
+    if getattr(proxy_app, "_GC_FREEZE", False):  # as the proxy's start does with the gc patch on
+        print(f"{proxy_app._freeze_start()} objects frozen for the garbage collector", flush=True)
     tasks: set[asyncio.Task] = set()
 
     async def record(rid: int, model_version: int, body: bytes, writer: asyncio.StreamWriter) -> None:

@@ -97,10 +97,11 @@ def test_gc_setting_per_variant():
     import proxy_overhead as po
 
     got = {v: (po.gc_setting(v), po.fast_forward_setting(v), po.group_commit_setting(v))
-           for v in ("hop", "hop-fast", "hop-gc", "sqlite-fast", "sqlite-gc", "sqlite-gc+quiet", "sqlite-prebuilt")}
+           for v in ("hop", "hop-fast", "hop-gc", "sqlite-fast", "sqlite-gc", "sqlite-gc+quiet", "sqlite-prebuilt",
+                     "sqlite-process")}
     assert got == {"hop": ("0", "0", None), "hop-fast": ("0", "1", None), "hop-gc": ("1", "1", None),
                    "sqlite-fast": ("0", "1", "1"), "sqlite-gc": ("1", "1", "1"), "sqlite-gc+quiet": ("1", "1", "1"),
-                   "sqlite-prebuilt": ("1", "1", "1")}
+                   "sqlite-prebuilt": ("1", "1", "1"), "sqlite-process": ("1", "1", "1")}
 
 
 @pytest.mark.slow

@@ -102,3 +102,31 @@ def test_sqlite_process_records_a_row_per_response_beside_sqlite_gc(tmp_path):
     assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
     assert res["runs"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
     assert res["summary"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
+
+
+RUNS = ("proxy-overhead-cpu-process.json", "proxy-overhead-cpu-process-reversed.json", "proxy-overhead-cpu-process-2.json")
+LABELS = {"sqlite-gc": "today's proxy (`sqlite-gc`)", "sqlite-process": "recording in its own process (`sqlite-process`)",
+          "sqlite-prebuilt": "experiences prebuilt, the bound (`sqlite-prebuilt`)", "hop-gc": "forwarding only (`hop-gc`)"}
+
+
+def process_table(results: Path) -> str:
+    """docs/benchmarks.md's table of the sqlite-process runs, computed from their result files."""
+    runs = [json.loads((results / name).read_text())["summary"] for name in RUNS]
+
+    def cells(variant: str, key: str, fmt: str) -> str:
+        return " / ".join(fmt.format(run[variant][key]) if key in run[variant] else "-" for run in runs)
+
+    lines = ["| path (0.27 s double); runs 1 / 2 / 3 | c=32, of direct | c=64, of direct | c=32, added p50 (ms) "
+             "| proxy CPU per response (ms) | recorder process CPU (ms) |", "|---|---|---|---|---|---|"]
+    for variant, label in LABELS.items():
+        c32 = " / ".join(f"{run[variant]['32']['vs_direct']:.3f}" for run in runs)
+        c64 = " / ".join(f"{run[variant]['64']['vs_direct']:.3f}" for run in runs)
+        p50 = " / ".join(f"{run[variant]['32']['added_p50_ms']:.1f}" for run in runs)
+        lines.append(f"| {label} | {c32} | {c64} | {p50} | {cells(variant, 'cpu_ms_per_response', '{:.2f}')} "
+                     f"| {cells(variant, 'recorder_cpu_ms_per_response', '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def test_the_docs_table_of_the_recorder_process_is_what_the_result_files_hold():
+    table = process_table(REPO / "bench" / "results")
+    assert table in (REPO / "docs" / "benchmarks.md").read_text(), "docs/benchmarks.md should hold:\n" + table
