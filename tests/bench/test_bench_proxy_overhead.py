@@ -104,23 +104,42 @@ def test_gc_setting_per_variant():
                    "sqlite-prebuilt": ("1", "1", "1"), "sqlite-process": ("1", "1", "1")}
 
 
-@pytest.mark.slow
-def test_sqlite_prebuilt_records_a_row_per_response_with_todays_settings(tmp_path):
-    """The bound on building and serializing experiences off the loop: today's patches on (group commit,
-    fast forward, gc), one row per response through the same recorder, beside sqlite-gc in one run."""
+def beside_sqlite_gc(tmp_path: Path, variant: str) -> dict | None:
+    """``variant`` and sqlite-gc in one run at c=8, 24 requests: the result, whose every response each recorded
+    with today's patches on (group commit, fast forward, gc), one row a response. None where the gc patch is not
+    installed, after checking that the variants were refused with one sentence."""
     import proxy_overhead as po
 
-    out = tmp_path / "pre.json"
-    r = overhead(out, "sqlite-gc,sqlite-prebuilt", 8, 24, 5)
+    out = tmp_path / f"{variant}.json"
+    r = overhead(out, f"sqlite-gc,{variant}", 8, 24, 5)
     if not po.app_patch_installed(po.GC_VAR):
         assert r.returncode == 2 and "need the gc patch" in r.stderr and "Traceback" not in r.stderr
-        return
+        return None
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
-    for v in ("sqlite-gc", "sqlite-prebuilt"):
+    for v in ("sqlite-gc", variant):
         run = res["runs"][v]
         assert run["proxy_gc_tuning"] is True and run["proxy_fast_forward"] is True and run["recorder_group_commit"] is True
         assert run["levels"][0]["ok"] == 24 and run["levels"][0]["errors"] == 0 and run["recorded_rows"] == 8 + 24
+    return res
+
+
+@pytest.mark.slow
+def test_sqlite_prebuilt_records_a_row_per_response_with_todays_settings(tmp_path):
+    """The bound on building and serializing experiences off the loop, beside sqlite-gc in one run."""
+    beside_sqlite_gc(tmp_path, "sqlite-prebuilt")
+
+
+@pytest.mark.slow
+def test_sqlite_process_records_a_row_per_response_beside_sqlite_gc(tmp_path):
+    """The recording in a process of its own (bench/recorder_process.py): the proxy leaves the answers unparsed,
+    every response is recorded by the recorder process, whose CPU is reported beside the proxy's."""
+    res = beside_sqlite_gc(tmp_path, "sqlite-process")
+    if res is None:
+        return
+    assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
+    assert res["runs"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
+    assert res["summary"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
 
 
 def test_gc_window_counts_only_the_collections_inside_it():

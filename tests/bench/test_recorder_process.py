@@ -1,7 +1,7 @@
 """bench/recorder_process.py: the proxy's recording in a process of its own (variant sqlite-process of
 bench/proxy_overhead.py). Real: the recorder process (Trinity's record_experience, HistoryRecorder and
-SQLite file), its Unix socket and the proxy's client of it; in the variant, Trinity's proxy app before a
-TEST DOUBLE upstream."""
+SQLite file), its Unix socket and the proxy's client of it (the variant itself:
+tests/bench/test_bench_proxy_overhead.py)."""
 
 from __future__ import annotations
 
@@ -78,30 +78,6 @@ def test_a_recorder_that_is_gone_fails_what_is_in_flight_with_a_sentence(recorde
             await client.record(json.dumps(ANSWER).encode(), 0)
 
     asyncio.run(go())
-
-
-@pytest.mark.slow
-def test_sqlite_process_records_a_row_per_response_beside_sqlite_gc(tmp_path):
-    """The variant: today's patches on, the proxy leaves the answers unparsed, every response recorded
-    (one row each) by the recorder process, whose CPU is reported beside the proxy's."""
-    import proxy_overhead as po
-
-    out = tmp_path / "proc.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants",
-                        "sqlite-gc,sqlite-process", "--concurrency", "8", "--requests", "24", "--max-tokens", "5"],
-                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    if not po.app_patch_installed(po.GC_VAR):
-        assert r.returncode == 2 and "need the gc patch" in r.stderr and "Traceback" not in r.stderr
-        return
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
-    for v in ("sqlite-gc", "sqlite-process"):
-        run = res["runs"][v]
-        assert run["proxy_gc_tuning"] is True and run["proxy_fast_forward"] is True and run["recorder_group_commit"] is True
-        assert run["levels"][0]["ok"] == 24 and run["levels"][0]["errors"] == 0 and run["recorded_rows"] == 8 + 24
-    assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
-    assert res["runs"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
-    assert res["summary"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
 
 
 RUNS = ("proxy-overhead-cpu-process.json", "proxy-overhead-cpu-process-reversed.json", "proxy-overhead-cpu-process-2.json")
