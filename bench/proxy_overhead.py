@@ -37,7 +37,8 @@ Variants (``--variants``):
               write) in a process of its own (bench/recorder_process.py, Trinity's record_experience and recorder
               there): the proxy does not parse the upstream's answer, sends its bytes over a Unix socket and
               awaits the rows' commit before it answers, as today; what a patch moving the recording out of the
-              proxy's event loop would give. Its CPU is reported beside the proxy's (recorder_cpu_ms_per_response)
+              proxy's event loop would give (an answer the recorder cannot parse fails with its sentence, where
+              today's proxy passes it on). Its CPU is reported beside the proxy's (recorder_cpu_ms_per_response)
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
