@@ -39,14 +39,17 @@ Variants (``--variants``):
               awaits the rows' commit before it answers, as today; what a patch moving the recording out of the
               proxy's event loop would give (an answer the recorder cannot parse fails with its sentence, where
               today's proxy passes it on). Its CPU is reported beside the proxy's (recorder_cpu_ms_per_response)
+  sqlite-process4  the same with four recorder processes on the one SQLite file, each answer to the one with the
+              fewest in hand: recording in parallel (each process its own group commit; SQLite's lock takes
+              their transactions one at a time); their CPU summed
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
-Every sqlite variant but sqlite-group, sqlite-fast, sqlite-gc, sqlite-prebuilt and sqlite-process runs with
-RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write path whether or not the patch is installed, every
-variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc, sqlite-prebuilt and sqlite-process with
-RFTSTACK_PROXY_FAST_FORWARD=0, and every variant but hop-gc, sqlite-gc, sqlite-prebuilt and sqlite-process
-with RFTSTACK_PROXY_GC=0, so one run compares them side by side.
+Every sqlite variant but sqlite-group, sqlite-fast, sqlite-gc, sqlite-prebuilt and the sqlite-process ones runs
+with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write path whether or not the patch is installed, every
+variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc, sqlite-prebuilt and the sqlite-process ones with
+RFTSTACK_PROXY_FAST_FORWARD=0, and every variant but hop-gc, sqlite-gc, sqlite-prebuilt and the sqlite-process
+ones with RFTSTACK_PROXY_GC=0, so one run compares them side by side.
 Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
               default, access log on)
@@ -90,10 +93,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
+import recorder_process  # noqa: E402
 from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
-            "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt", "sqlite-process")
+            "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt", "sqlite-process",
+            "sqlite-process4")
+RECORDER_PROCESSES = {"sqlite-process": 1, "sqlite-process4": 4}  # variant: recorder processes
 FLAGS = ("quiet", "h11", "published", "offer", "numeric")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
@@ -109,18 +115,18 @@ def group_commit_setting(variant: str) -> str | None:
     base = variant.partition("+")[0]
     if not base.startswith("sqlite"):
         return None
-    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt", "sqlite-process") else "0"
+    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES) else "0"
 
 
 def fast_forward_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_FAST_FORWARD a variant's proxy runs with."""
     return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc", "sqlite-prebuilt",
-                                                "sqlite-process") else "0"
+                                                *RECORDER_PROCESSES) else "0"
 
 
 def gc_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_GC a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt", "sqlite-process") else "0"
+    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES) else "0"
 
 
 def variants_problem(variants: list[str]) -> str | None:
@@ -220,8 +226,9 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
                 os.close(fd)
                 os.unlink(path)
                 self.db_path = path
-                if base == "sqlite-process":  # the recorder is the other process's
-                    self.recording = start_recorder_process(f"sqlite:///{path}", workdir)
+                if base in RECORDER_PROCESSES:  # the recorders are the other processes'
+                    self.recording = [start_recorder_process(f"sqlite:///{path}", workdir, i)
+                                      for i in range(RECORDER_PROCESSES[base])]  # one after the other
                 else:
                     self.recorder = HistoryRecorder(db_url=f"sqlite:///{path}", table_name="proxy_history")
 
@@ -258,10 +265,12 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
                     experiences.append(exp)
                 self.total_experience_count += len(experiences)
                 await self.recorder.record_history(experiences)
-        elif base == "sqlite-process":
+        elif base in RECORDER_PROCESSES:
             async def record_experience(self, response, model_version):
-                """The answer's bytes, unparsed (see RawAnswer), to the recorder process; back once committed."""
-                self.total_experience_count += await self.recording[1].record(response.raw, model_version)
+                """The answer's bytes, unparsed (see RawAnswer), to the recorder process with the fewest answers
+                in hand; back once committed."""
+                client = min((c for _, c in self.recording), key=lambda c: len(c.pending))
+                self.total_experience_count += await client.record(response.raw, model_version)
         elif not base.startswith("hop"):
             record_experience = ExplorerService.record_experience  # Trinity's own code
         else:
@@ -290,12 +299,13 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
         sql_schema.create_async_engine = _one_connection
 
     service = ServiceStandIn()
-    if base == "sqlite-process":  # the proxy leaves the answer unparsed for the recorder process
+    if base in RECORDER_PROCESSES:  # the proxy leaves the answer unparsed for the recorder processes
         parse, without_traceback = proxy_app._fast_loads, proxy_app._without_traceback
         proxy_app._fast_loads = RawAnswer
         proxy_app._without_traceback = lambda data: without_traceback(
             parse(data.raw) if isinstance(data, RawAnswer) else data)  # an upstream error: parsed, as before
-        print(f"RECORDER_PID {service.recording[0].pid}", flush=True)
+        for child, _ in service.recording:
+            print(f"RECORDER_PID {child.pid}", flush=True)
     proxy_app.app.state.service = service
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
@@ -317,8 +327,8 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
         pass
     finally:
         Path(workdir, f"gc-{variant}.json").write_text(json.dumps(gc_events))
-        if hasattr(service, "recording"):
-            stop_recorder(service.recording[0])  # its rows are all committed once it has ended
+        for child, _ in getattr(service, "recording", []):
+            stop_recorder(child)  # its rows are all committed once it has ended
         p = getattr(service, "db_path", None)
         if p and os.path.exists(p):
             import sqlite3
@@ -337,12 +347,10 @@ class RawAnswer(dict):
         self.raw = raw
 
 
-def start_recorder_process(db_url: str, workdir: str) -> tuple[subprocess.Popen, object]:
+def start_recorder_process(db_url: str, workdir: str, index: int = 0) -> tuple[subprocess.Popen, recorder_process.RecorderClient]:
     """bench/recorder_process.py for the proxy's recording (variant sqlite-process), once it listens, and the
     proxy's client of it. It runs in the proxy's process group, so it ends with the proxy."""
-    import recorder_process
-
-    sock, log = Path(workdir, f"recorder-{os.getpid()}.sock"), Path(workdir, f"recorder-{os.getpid()}.log")
+    sock, log = (Path(workdir, f"recorder-{os.getpid()}-{index}.{ext}") for ext in ("sock", "log"))
     with open(log, "w") as out:
         child = subprocess.Popen([sys.executable, str(HERE / "recorder_process.py"), "--socket", str(sock),
                                   "--db-url", db_url], stdout=out, stderr=subprocess.STDOUT,
@@ -354,7 +362,7 @@ def start_recorder_process(db_url: str, workdir: str) -> tuple[subprocess.Popen,
             raise RuntimeError(f"the recorder process did not start; its log {log} ends: {log.read_text()[-2000:]}")
         time.sleep(0.1)
     for line in log.read_text().splitlines():  # its GROUP_COMMIT line, into the proxy's log
-        if line.startswith("GROUP_COMMIT "):
+        if line.startswith("GROUP_COMMIT ") and index == 0:
             print(line, flush=True)
     return child, recorder_process.RecorderClient(str(sock))
 
@@ -441,10 +449,9 @@ def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple
     return proxy, port
 
 
-def recorder_pid(proxy_log: Path) -> int | None:
-    """The recorder process's pid a proxy printed (variant sqlite-process), or None."""
-    pids = [ln.split()[1] for ln in proxy_log.read_text().splitlines() if ln.startswith("RECORDER_PID ")]
-    return int(pids[-1]) if pids else None
+def recorder_pids(proxy_log: Path) -> list[int]:
+    """The recorder processes' pids a proxy printed (the sqlite-process variants)."""
+    return [int(ln.split()[1]) for ln in proxy_log.read_text().splitlines() if ln.startswith("RECORDER_PID ")]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -517,12 +524,12 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
                 startup = time.monotonic() - t0
-                recorder = recorder_pid(logs / f"proxy-{v}.log")
+                recorders = recorder_pids(logs / f"proxy-{v}.log")
                 cpu0, load0 = process_cpu_s(proxy.pid), time.monotonic()
-                rcpu0 = process_cpu_s(recorder) if recorder else 0.0
+                rcpu0 = sum(process_cpu_s(pid) for pid in recorders)
                 r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})", H2C_OFFER if "offer" in flags(v) else None)
                 cpu, load1 = process_cpu_s(proxy.pid) - cpu0, time.monotonic()
-                rcpu = process_cpu_s(recorder) - rcpu0 if recorder else None
+                rcpu = sum(process_cpu_s(pid) for pid in recorders) - rcpu0 if recorders else None
                 r["proxy_startup_s"] = round(startup, 2)
             finally:
                 stop(proxy)

@@ -124,6 +124,7 @@ async def serve(path: str, db_url: str, table: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    await service.recorder.prepare()  # the table, before READY: a second recorder process on the file finds it
     server = await asyncio.start_unix_server(handle, path)
     print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     print("READY", flush=True)

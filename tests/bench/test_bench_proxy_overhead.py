@@ -98,26 +98,27 @@ def test_gc_setting_per_variant():
 
     got = {v: (po.gc_setting(v), po.fast_forward_setting(v), po.group_commit_setting(v))
            for v in ("hop", "hop-fast", "hop-gc", "sqlite-fast", "sqlite-gc", "sqlite-gc+quiet", "sqlite-prebuilt",
-                     "sqlite-process")}
+                     "sqlite-process", "sqlite-process4")}
     assert got == {"hop": ("0", "0", None), "hop-fast": ("0", "1", None), "hop-gc": ("1", "1", None),
                    "sqlite-fast": ("0", "1", "1"), "sqlite-gc": ("1", "1", "1"), "sqlite-gc+quiet": ("1", "1", "1"),
-                   "sqlite-prebuilt": ("1", "1", "1"), "sqlite-process": ("1", "1", "1")}
+                   "sqlite-prebuilt": ("1", "1", "1"), "sqlite-process": ("1", "1", "1"),
+                   "sqlite-process4": ("1", "1", "1")}
 
 
-def beside_sqlite_gc(tmp_path: Path, variant: str) -> dict | None:
-    """``variant`` and sqlite-gc in one run at c=8, 24 requests: the result, whose every response each recorded
+def beside_sqlite_gc(tmp_path: Path, *variants: str) -> dict | None:
+    """``variants`` and sqlite-gc in one run at c=8, 24 requests: the result, whose every response each recorded
     with today's patches on (group commit, fast forward, gc), one row a response. None where the gc patch is not
     installed, after checking that the variants were refused with one sentence."""
     import proxy_overhead as po
 
-    out = tmp_path / f"{variant}.json"
-    r = overhead(out, f"sqlite-gc,{variant}", 8, 24, 5)
+    out = tmp_path / "beside.json"
+    r = overhead(out, ",".join(("sqlite-gc", *variants)), 8, 24, 5)
     if not po.app_patch_installed(po.GC_VAR):
         assert r.returncode == 2 and "need the gc patch" in r.stderr and "Traceback" not in r.stderr
         return None
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
-    for v in ("sqlite-gc", variant):
+    for v in ("sqlite-gc", *variants):
         run = res["runs"][v]
         assert run["proxy_gc_tuning"] is True and run["proxy_fast_forward"] is True and run["recorder_group_commit"] is True
         assert run["levels"][0]["ok"] == 24 and run["levels"][0]["errors"] == 0 and run["recorded_rows"] == 8 + 24
@@ -132,14 +133,18 @@ def test_sqlite_prebuilt_records_a_row_per_response_with_todays_settings(tmp_pat
 
 @pytest.mark.slow
 def test_sqlite_process_records_a_row_per_response_beside_sqlite_gc(tmp_path):
-    """The recording in a process of its own (bench/recorder_process.py): the proxy leaves the answers unparsed,
-    every response is recorded by the recorder process, whose CPU is reported beside the proxy's."""
-    res = beside_sqlite_gc(tmp_path, "sqlite-process")
+    """The recording in a process of its own (bench/recorder_process.py), and in four on the one SQLite file: the
+    proxy leaves the answers unparsed, every response is recorded once by a recorder process, whose CPU (the four
+    processes' together) is reported beside the proxy's."""
+    res = beside_sqlite_gc(tmp_path, "sqlite-process", "sqlite-process4")
     if res is None:
         return
     assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
-    assert res["runs"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
-    assert res["summary"]["sqlite-process"]["recorder_cpu_ms_per_response"] > 0
+    for v, processes in (("sqlite-process", 1), ("sqlite-process4", 4)):
+        assert res["runs"][v]["recorder_cpu_ms_per_response"] > 0
+        assert res["summary"][v]["recorder_cpu_ms_per_response"] > 0
+        log = (tmp_path / "beside-logs" / f"proxy-{v}.log").read_text()
+        assert log.count("RECORDER_PID ") == processes and log.count("GROUP_COMMIT 1") == 1
 
 
 def test_gc_window_counts_only_the_collections_inside_it():

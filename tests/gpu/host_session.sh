@@ -77,8 +77,9 @@
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
 #              sqlite-gc and hop-gc at c=32,64, 2000 requests a level, to set the host's CPU cost beside profile3b's
 #   proxycpu-process  bench/proxy_overhead.py on this host's CPU before the 0.27 s TEST DOUBLE, twice in two
-#              orders: today's proxy (sqlite-gc), the recording in a process of its own (sqlite-process), the
-#              prebuilt bound and forwarding only; with cores to spare the recorder process has one of its own
+#              orders: today's proxy (sqlite-gc), the recording in a process of its own (sqlite-process) and in
+#              four (sqlite-process4), the prebuilt bound and forwarding only; with cores to spare each recorder
+#              process has one of its own
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
@@ -195,7 +196,8 @@ for step in "${steps[@]}"; do
                  --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         proxycpu) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 2000 ;;
-        proxycpu-process) for order in 1:sqlite-gc,sqlite-process,sqlite-prebuilt,hop-gc 2:hop-gc,sqlite-prebuilt,sqlite-process,sqlite-gc; do
+        proxycpu-process) for order in 1:sqlite-gc,sqlite-process,sqlite-process4,sqlite-prebuilt,hop-gc \
+                                       2:hop-gc,sqlite-prebuilt,sqlite-process4,sqlite-process,sqlite-gc; do
                    python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-process${order%%:*}.json" \
                      --variants "${order#*:}" --concurrency 32,64 --requests 1024 --upstream-delay-s 0.27 || break
                  done ;;
