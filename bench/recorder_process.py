@@ -57,7 +57,10 @@ class RecorderClient:
             self.connecting = asyncio.Lock()
         async with self.connecting:
             if self.writer is None:
-                reader, self.writer = await asyncio.open_unix_connection(self.path)
+                try:
+                    reader, self.writer = await asyncio.open_unix_connection(self.path)
+                except OSError as exc:  # no process listens there (any more)
+                    raise RuntimeError(f"the recorder process at {self.path} does not answer: {exc}") from exc
                 self.reading = asyncio.get_running_loop().create_task(self._read(reader))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:

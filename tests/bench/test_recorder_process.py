@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,29 +23,19 @@ ANSWER = {"id": "chatcmpl-1", "prompt_token_ids": [1, 2, 3],
 
 @pytest.fixture
 def recorder(tmp_path):
-    sock, db = tmp_path / "r.sock", tmp_path / "h.db"
-    log = open(tmp_path / "recorder.log", "w")  # noqa: SIM115 (closed below)
-    child = subprocess.Popen([sys.executable, str(REPO / "bench/recorder_process.py"), "--socket", str(sock),
-                              "--db-url", f"sqlite:///{db}"], stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    end = time.monotonic() + 120
-    while "READY" not in (tmp_path / "recorder.log").read_text().splitlines():
-        assert child.poll() is None and time.monotonic() < end, (tmp_path / "recorder.log").read_text()[-3000:]
-        time.sleep(0.1)
-    yield child, str(sock), db
-    if child.poll() is None:
-        child.send_signal(signal.SIGINT)
-        child.wait(timeout=30)
-    log.close()
+    """The recorder process on a new SQLite file, started as the proxy's variant starts it, and its client."""
+    import proxy_overhead as po
+
+    db = tmp_path / "h.db"
+    child, client = po.start_recorder_process(f"sqlite:///{db}", str(tmp_path))
+    yield child, client, db
+    po.stop_recorder(child)
 
 
 def test_answers_are_recorded_by_the_other_process_and_a_bad_one_is_a_sentence(recorder):
-    import recorder_process
-
-    child, sock, db = recorder
+    child, client, db = recorder
 
     async def go():
-        client = recorder_process.RecorderClient(sock)
         counts = await asyncio.gather(*(client.record(json.dumps({**ANSWER, "id": f"chatcmpl-{i}"}).encode(), 7)
                                         for i in range(20)))  # fmt: skip
         with pytest.raises(RuntimeError, match="the recorder process could not record the answer: "):
@@ -64,17 +50,19 @@ def test_answers_are_recorded_by_the_other_process_and_a_bad_one_is_a_sentence(r
 
 
 def test_a_recorder_that_is_gone_fails_what_is_in_flight_with_a_sentence(recorder):
-    import recorder_process
-
-    child, sock, _ = recorder
+    child, client, _ = recorder
 
     async def go():
-        client = recorder_process.RecorderClient(sock)
         assert await client.record(json.dumps(ANSWER).encode(), 0) == 2
+        child.send_signal(signal.SIGSTOP)  # it reads nothing more and acknowledges nothing more
+        in_flight = asyncio.ensure_future(client.record(json.dumps(ANSWER).encode(), 0))
+        await asyncio.sleep(0.5)
+        assert not in_flight.done()
         child.kill()
         child.wait(timeout=30)
-        await asyncio.sleep(0.5)  # the client has read the end of its connection
-        with pytest.raises((RuntimeError, ConnectionError, FileNotFoundError)):
+        with pytest.raises(RuntimeError, match="the recorder process at .* closed its connection"):
+            await in_flight
+        with pytest.raises(RuntimeError, match="the recorder process at .* does not answer: "):
             await client.record(json.dumps(ANSWER).encode(), 0)
 
     asyncio.run(go())
