@@ -42,14 +42,21 @@ Variants (``--variants``):
   sqlite-process4  the same with four recorder processes on the one SQLite file, each answer to the one with the
               fewest in hand: recording in parallel (each process its own group commit; SQLite's lock takes
               their transactions one at a time); their CPU summed
+  sqlite-build  sqlite-gc with patches/trinity-proxy-build-processes.patch on (RFTSTACK_PROXY_BUILD_PROCESSES=1):
+              Trinity's own record_experience has one builder process build and serialize the experiences, the
+              proxy writes them (its recorder and group commit), as `rftstack relax` installs it where the proxy's
+              process has 4 to 7 CPUs; measured once the builder is ready. Its CPU is reported beside the
+              proxy's (recorder_cpu_ms_per_response)
+  sqlite-build4  the same with four builder processes (RFTSTACK_PROXY_BUILD_PROCESSES=4: the default from 16 CPUs)
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
-Every sqlite variant but sqlite-group, sqlite-fast, sqlite-gc, sqlite-prebuilt and the sqlite-process ones runs
-with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write path whether or not the patch is installed, every
-variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc, sqlite-prebuilt and the sqlite-process ones with
-RFTSTACK_PROXY_FAST_FORWARD=0, and every variant but hop-gc, sqlite-gc, sqlite-prebuilt and the sqlite-process
-ones with RFTSTACK_PROXY_GC=0, so one run compares them side by side.
+Every sqlite variant but sqlite-group, sqlite-fast, sqlite-gc, sqlite-prebuilt and the sqlite-process and
+sqlite-build ones runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's write path whether or not the patch is
+installed, every variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc, sqlite-prebuilt and the sqlite-process and
+sqlite-build ones with RFTSTACK_PROXY_FAST_FORWARD=0, every variant but hop-gc, sqlite-gc, sqlite-prebuilt and the
+sqlite-process and sqlite-build ones with RFTSTACK_PROXY_GC=0, and every variant but the sqlite-build ones with
+RFTSTACK_PROXY_BUILD_PROCESSES=0 (the experiences built on the proxy's loop), so one run compares them side by side.
 Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
               default, access log on)
@@ -82,6 +89,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -98,14 +106,16 @@ from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
             "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt", "sqlite-process",
-            "sqlite-process4")
+            "sqlite-process4", "sqlite-build", "sqlite-build4")
 RECORDER_PROCESSES = {"sqlite-process": 1, "sqlite-process4": 4}  # variant: recorder processes
+BUILDERS = {"sqlite-build": 1, "sqlite-build4": 4}  # variant: experience builder processes
 FLAGS = ("quiet", "h11", "published", "offer", "numeric")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
 FAST_FORWARD_VAR = "RFTSTACK_PROXY_FAST_FORWARD"  # read by the patched app.py
 GC_VAR = "RFTSTACK_PROXY_GC"  # read by the patched app.py
+BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # read by the patched recorder.py
 NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # read by the patched app.py
 WARMUP = 8  # unmeasured requests before each level
 
@@ -115,18 +125,23 @@ def group_commit_setting(variant: str) -> str | None:
     base = variant.partition("+")[0]
     if not base.startswith("sqlite"):
         return None
-    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES) else "0"
+    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES, *BUILDERS) else "0"
 
 
 def fast_forward_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_FAST_FORWARD a variant's proxy runs with."""
     return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc", "sqlite-prebuilt",
-                                                *RECORDER_PROCESSES) else "0"
+                                                *RECORDER_PROCESSES, *BUILDERS) else "0"
 
 
 def gc_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_GC a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES) else "0"
+    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES, *BUILDERS) else "0"
+
+
+def build_setting(variant: str) -> str:
+    """The value of RFTSTACK_PROXY_BUILD_PROCESSES a variant's proxy runs with."""
+    return str(BUILDERS.get(variant.partition("+")[0], 0))
 
 
 def variants_problem(variants: list[str]) -> str | None:
@@ -146,6 +161,9 @@ def variants_problem(variants: list[str]) -> str | None:
     if any(gc_setting(v) == "1" for v in variants) and not app_patch_installed(GC_VAR):
         return ("variants hop-gc and sqlite-gc need the gc patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-proxy-gc.patch)")
+    if any(build_setting(v) != "0" for v in variants) and not recorder_patch_installed(BUILD_VAR):
+        return ("variants sqlite-build and sqlite-build4 need the build-processes patch in the installed Trinity; "
+                "run `rftstack relax` (it applies patches/trinity-proxy-build-processes.patch)")
     if any("numeric" in flags(v) for v in variants) and not app_patch_installed(NUMERIC_VAR):
         return ("flag +numeric needs the numeric-logprobs patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-proxy-numeric-logprobs.patch)")
@@ -189,17 +207,23 @@ def published_httptools_protocol(workdir: str) -> type:
 
 def group_commit_installed() -> bool:
     """Whether the installed Trinity's recorder carries the group-commit patch (read, not imported)."""
+    return recorder_patch_installed(GROUP_COMMIT_VAR)
+
+
+def recorder_patch_installed(variable: str) -> bool:
+    """Whether the installed Trinity's recorder reads ``variable`` (a patch of it; read, not imported)."""
     spec = importlib.util.find_spec("trinity")
     if spec is None or not spec.origin:
         return False
     recorder = Path(spec.origin).parent / "explorer" / "proxy" / "recorder.py"
-    return recorder.is_file() and GROUP_COMMIT_VAR in recorder.read_text()
+    return recorder.is_file() and variable in recorder.read_text()
 
 
 def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process)."""
     os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when app.py is imported
     os.environ[GC_VAR] = gc_setting(variant)  # the same
+    os.environ[BUILD_VAR] = build_setting(variant)  # read when recorder.py is imported
     os.environ[NUMERIC_VAR] = "1" if "numeric" in flags(variant) else "0"  # the same
     import uvicorn
 
@@ -450,8 +474,22 @@ def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple
 
 
 def recorder_pids(proxy_log: Path) -> list[int]:
-    """The recorder processes' pids a proxy printed (the sqlite-process variants)."""
-    return [int(ln.split()[1]) for ln in proxy_log.read_text().splitlines() if ln.startswith("RECORDER_PID ")]
+    """The recorder processes' pids a proxy printed (the sqlite-process variants), or its experience builders'
+    (the sqlite-build variants; Trinity's recorder logs them)."""
+    text = proxy_log.read_text()
+    builders = re.search(r"Experience builders: \d+ processes .* pids ([\d ]+)", text)
+    return [int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("RECORDER_PID ")] + (
+        [int(p) for p in builders.group(1).split()] if builders else [])
+
+
+def wait_builders(proxy_log: Path, count: int, proc: subprocess.Popen, limit_s: float) -> None:
+    """Until the proxy's ``count`` experience builders are ready (until then the proxy builds the experiences)."""
+    end = time.monotonic() + limit_s
+    while len(re.findall(r"Experience builder \d+ ready", proxy_log.read_text())) < count:
+        if proc.poll() is not None or time.monotonic() > end:
+            raise RuntimeError(f"the proxy's {count} experience builders were not ready; its log {proxy_log} ends: "
+                               f"{proxy_log.read_text()[-2000:]}")
+        time.sleep(0.2)
 
 
 def process_cpu_s(pid: int) -> float:
@@ -524,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
                 startup = time.monotonic() - t0
+                if build_setting(v) != "0":
+                    wait_builders(logs / f"proxy-{v}.log", int(build_setting(v)), proxy, 300)
                 recorders = recorder_pids(logs / f"proxy-{v}.log")
                 cpu0, load0 = process_cpu_s(proxy.pid), time.monotonic()
                 rcpu0 = sum(process_cpu_s(pid) for pid in recorders)

@@ -9,6 +9,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -101,9 +102,30 @@ class Proxy:
                     self.stop()
                     raise RuntimeError("the proxy did not answer /health")
                 time.sleep(0.3)
+        started = re.search(r"^BUILDERS (\d+)$", self.log.read_text(), re.M)  # the host printed it before serving
+        self.builders = self.ready_builders(int(started.group(1))) if started and int(started.group(1)) else []
         from openai import OpenAI
 
         self.client = OpenAI(base_url=self.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def ready_builders(self, count: int, limit_s: float = 180) -> list[int]:
+        """The pids of the proxy's ``count`` experience builder processes (patches/trinity-proxy-build-
+        processes.patch, RFTSTACK_PROXY_BUILD_PROCESSES) once each has said it is ready: the host starts them
+        before it serves, and their imports take seconds; until then the proxy builds, as upstream. So every
+        answer of a test goes through them."""
+        end = time.monotonic() + limit_s
+        while True:
+            log = self.log.read_text()
+            started = re.search(r"Experience builders: (\d+) processes .* pids ([\d ]+)", log)
+            ready = set(map(int, re.findall(r"Experience builder (\d+) ready", log)))
+            if started and len(ready) == count:
+                pids = [int(p) for p in started.group(2).split()]
+                assert int(started.group(1)) == count and set(pids) == ready, log[-2000:]
+                return pids
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.stop()
+                raise RuntimeError(f"the proxy's {count} experience builders were not ready: {log[-3000:]}")
+            time.sleep(0.2)
 
     def stream(self, content: str, max_tokens: int = 6, **kw) -> tuple[str, list]:
         chunks = list(self.client.chat.completions.create(
@@ -147,6 +169,34 @@ class Proxy:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def stored(db: Path) -> tuple[str, dict[str, list[dict]]]:
+    """integrity_check's answer and, per msg_id, its rows joined with the deserialized blobs."""
+    from trinity.common.experience import Experience
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (check,) = con.execute("PRAGMA integrity_check").fetchone()
+        rows: dict[str, list[dict]] = {}
+        for msg_id, reward, consumed, task, blob in con.execute(
+                "select h.msg_id, h.reward, h.consumed, h.task_id, b.experience_bytes "
+                "from proxy_history h left join proxy_history_blob b on b.id = h.id order by h.id"):
+            exp = Experience.deserialize(blob) if blob is not None else None
+            rows.setdefault(msg_id, []).append({"reward": reward, "consumed": consumed, "task": task, "exp": exp})
+        return check, rows
+    finally:
+        con.close()
+
+
+def assert_intact(row: dict, sent: dict) -> None:
+    """The row's blob holds exactly the prompt, the completion and the logprobs vLLM (the double) sent."""
+    exp = row["exp"]
+    assert exp is not None, "a meta row without its blob"
+    n = exp.prompt_length
+    assert exp.tokens[:n].tolist() == sent["prompt_token_ids"]
+    assert exp.tokens[n:].tolist() == sent["token_ids"]
+    assert exp.logprobs.tolist() == pytest.approx(sent["logprobs"])
 
 
 def load_app(patched: bool, tmp: Path):

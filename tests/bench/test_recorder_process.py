@@ -71,26 +71,31 @@ def test_a_recorder_that_is_gone_fails_what_is_in_flight_with_a_sentence(recorde
 RUNS = ("proxy-overhead-cpu-process.json", "proxy-overhead-cpu-process-reversed.json", "proxy-overhead-cpu-process-2.json")
 LABELS = {"sqlite-gc": "today's proxy (`sqlite-gc`)", "sqlite-process": "recording in its own process (`sqlite-process`)",
           "sqlite-prebuilt": "experiences prebuilt, the bound (`sqlite-prebuilt`)", "hop-gc": "forwarding only (`hop-gc`)"}
+# the GPU host's CPU (16 cores, no GPU used), session S: host_session.sh proxycpu-process, two orders
+HOST_RUNS = ("gpu-2026-12-04s/proxy-overhead-host-process1.json", "gpu-2026-12-04s/proxy-overhead-host-process2.json")
+HOST_LABELS = {**LABELS, "sqlite-process4": "four recording processes (`sqlite-process4`)"}
 
 
-def process_table(results: Path) -> str:
+def process_table(results: Path, runs: tuple[str, ...] = RUNS, labels: dict[str, str] = LABELS) -> str:
     """docs/benchmarks.md's table of the sqlite-process runs, computed from their result files."""
-    runs = [json.loads((results / name).read_text())["summary"] for name in RUNS]
+    summaries = [json.loads((results / name).read_text())["summary"] for name in runs]
+    names = " / ".join(str(i + 1) for i in range(len(runs)))
 
     def cells(variant: str, key: str, fmt: str) -> str:
-        return " / ".join(fmt.format(run[variant][key]) if key in run[variant] else "-" for run in runs)
+        return " / ".join(fmt.format(run[variant][key]) if key in run[variant] else "-" for run in summaries)
 
-    lines = ["| path (0.27 s double); runs 1 / 2 / 3 | c=32, of direct | c=64, of direct | c=32, added p50 (ms) "
+    lines = [f"| path (0.27 s double); runs {names} | c=32, of direct | c=64, of direct | c=32, added p50 (ms) "
              "| proxy CPU per response (ms) | recorder process CPU (ms) |", "|---|---|---|---|---|---|"]
-    for variant, label in LABELS.items():
-        c32 = " / ".join(f"{run[variant]['32']['vs_direct']:.3f}" for run in runs)
-        c64 = " / ".join(f"{run[variant]['64']['vs_direct']:.3f}" for run in runs)
-        p50 = " / ".join(f"{run[variant]['32']['added_p50_ms']:.1f}" for run in runs)
+    for variant, label in labels.items():
+        c32 = " / ".join(f"{run[variant]['32']['vs_direct']:.3f}" for run in summaries)
+        c64 = " / ".join(f"{run[variant]['64']['vs_direct']:.3f}" for run in summaries)
+        p50 = " / ".join(f"{run[variant]['32']['added_p50_ms']:.1f}" for run in summaries)
         lines.append(f"| {label} | {c32} | {c64} | {p50} | {cells(variant, 'cpu_ms_per_response', '{:.2f}')} "
                      f"| {cells(variant, 'recorder_cpu_ms_per_response', '{:.2f}')} |")
     return "\n".join(lines)
 
 
-def test_the_docs_table_of_the_recorder_process_is_what_the_result_files_hold():
-    table = process_table(REPO / "bench" / "results")
+@pytest.mark.parametrize("runs, labels", [(RUNS, LABELS), (HOST_RUNS, HOST_LABELS)], ids=["cpu-machine", "gpu-host-cpu"])
+def test_the_docs_tables_of_the_recorder_process_are_what_the_result_files_hold(runs, labels):
+    table = process_table(REPO / "bench" / "results", runs, labels)
     assert table in (REPO / "docs" / "benchmarks.md").read_text(), "docs/benchmarks.md should hold:\n" + table

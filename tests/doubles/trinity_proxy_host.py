@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trinity.common.experience import Experience
     from trinity.explorer.proxy import app as proxy_app
+    from trinity.explorer.proxy import recorder as recorder_module
     from trinity.explorer.proxy.recorder import HistoryRecorder
     from trinity.explorer.proxy.service import ExplorerService
 
@@ -144,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     proxy_app.app.state.inference_timeout = 60
 
     async def serve() -> None:  # as ExplorerService.serve() then Trinity's run_app do it
+        start_builders = getattr(recorder_module, "start_builders", None)  # patches/trinity-proxy-build-processes.patch
+        # as the policy's app.py does when its lifespan begins (app.py may be the original here); the test
+        # helper waits for as many builders as this line says (none: this trinity lacks the patch)
+        pool = start_builders(service) if start_builders is not None else None
+        print(f"BUILDERS {len(pool.builders) if pool is not None else 'none'}", file=sys.stderr, flush=True)
         if service.restore_uncommitted is not None:
             print(f"RESTORED {await service.restore_uncommitted()}", file=sys.stderr, flush=True)
         await proxy_app.serve_http(proxy_app.app, "127.0.0.1", a.port)

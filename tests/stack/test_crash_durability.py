@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy_helpers import Proxy, post
+from proxy_helpers import Proxy, assert_intact, post, stored
 
 N = 12
 
@@ -41,34 +41,6 @@ def ask(px: Proxy, i: int, max_tokens: int) -> str:
         return px.stream(content, max_tokens=max_tokens)[0]  # the openai client read through [DONE]
     r = px.client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=max_tokens)
     return r.id
-
-
-def stored(db: Path) -> tuple[str, dict[str, list[dict]]]:
-    """integrity_check's answer and, per msg_id, its rows joined with the deserialized blobs."""
-    from trinity.common.experience import Experience
-
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        (check,) = con.execute("PRAGMA integrity_check").fetchone()
-        rows: dict[str, list[dict]] = {}
-        for msg_id, reward, consumed, task, blob in con.execute(
-                "select h.msg_id, h.reward, h.consumed, h.task_id, b.experience_bytes "
-                "from proxy_history h left join proxy_history_blob b on b.id = h.id order by h.id"):
-            exp = Experience.deserialize(blob) if blob is not None else None
-            rows.setdefault(msg_id, []).append({"reward": reward, "consumed": consumed, "task": task, "exp": exp})
-        return check, rows
-    finally:
-        con.close()
-
-
-def assert_intact(row: dict, sent: dict) -> None:
-    """The row's blob holds exactly the prompt, the completion and the logprobs vLLM (the double) sent."""
-    exp = row["exp"]
-    assert exp is not None, "a meta row without its blob"
-    n = exp.prompt_length
-    assert exp.tokens[:n].tolist() == sent["prompt_token_ids"]
-    assert exp.tokens[n:].tolist() == sent["token_ids"]
-    assert exp.logprobs.tolist() == pytest.approx(sent["logprobs"])
 
 
 def commits(px: Proxy) -> list[dict]:

@@ -157,6 +157,9 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-numeric-logprobs.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-proxy-numeric-logprobs.patch: trinity/explorer/proxy/service.py: applied",
         "vllm-fork-workers.patch: vllm/utils/system_utils.py: applied",
+        "trinity-proxy-build-processes.patch: trinity/explorer/proxy/service.py: applied",
+        "trinity-proxy-build-processes.patch: trinity/explorer/proxy/recorder.py: applied",
+        "trinity-proxy-build-processes.patch: trinity/explorer/proxy/app.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
@@ -236,3 +239,28 @@ def test_a_half_patched_file_is_refused():
     with pytest.raises(patches.PatchError, match="partly patched already"):
         patches.apply_text(_module(first="b = 20"), fp)
 
+
+
+APPEND = """--- a/m.py
++++ b/m.py
+@@ -2,3 +2,5 @@
+ a = 1
+ b = 2
+ c = 3
++
++d = 4
+"""
+
+
+def test_a_hunk_that_appends_to_the_file_is_applied_once():
+    """A hunk adding lines at a file's end has no context below them: its original lines are still there
+    once it is applied. Applied again it is "already applied" (the file unchanged), not appended twice
+    (session S: trinity-proxy-build-processes.patch's first version, applied by the install and again by
+    `python -m rftstack.stack.patches`, wrapped the proxy's lifespan in itself); undone it is the original."""
+    (fp,) = patches.parse(APPEND)
+    original = "# m.py\na = 1\nb = 2\nc = 3\n"
+    patched, state = patches.apply_text(original, fp)
+    assert state == "applied" and patched == original + "\nd = 4\n"
+    assert patches.apply_text(patched, fp) == (patched, "already applied")
+    assert patches.apply_text(patched, fp.reversed()) == (original, "applied")
+    assert patches.apply_text(original, fp.reversed()) == (original, "already applied")

@@ -125,13 +125,16 @@ def apply_text(text: str, fp: FilePatch) -> tuple[str, str]:
     for h in fp.hunks:
         hint = max(h.old_start - 1 + offset, 0)
         at = _find(out, h.before, hint)
-        if at is not None and h.before != h.after:
+        done = _find(out, h.after, hint)
+        # a hunk that only adds lines after its context (one appending to a file has no context below it)
+        # leaves its original lines in place: there the patched lines decide that it is applied already
+        if done is not None and (at is None or h.before == h.after or len(h.after) > len(h.before)):
+            offset += len(h.after) - len(h.before)
+            already += 1
+        elif at is not None:
             out[at : at + len(h.before)] = h.after
             offset += len(h.after) - len(h.before)
             applied += 1
-        elif _find(out, h.after, hint) is not None:
-            offset += len(h.after) - len(h.before)
-            already += 1
         else:
             raise PatchError(f"{fp.path}: hunk at line {h.old_start} matches neither the original nor the patched file")
     if applied and already:

@@ -6,8 +6,8 @@
 #   agent-classes/           examples/java/Agent.java compiled with `javac --release 17`
 #   iproute/                 tests/gpu/ip_kit.sh's `ip` (the cluster step), when this machine has `ip`
 # The bundle itself: rftstack bundle build --out .wheelhouse --python 3.12 --platform manylinux_2_31_x86_64 \
-#   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 52
-# (52 MiB: a part and the working tree, about 10 MB, must stay under the 64 MiB one call carries.)
+#   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 48
+# (48 MiB: a part and the working tree, about 13 MiB in session S, must stay under the 64 MiB one call carries.)
 # Rebuild it after any change to rftstack (seconds from uv's cache): the bundle carries the rftstack wheel of the tree
 # it was built from, and install.py applies that wheel's patches; go.sh refuses a bundle whose rftstack package (code,
 # policy) or patches are not the carried tree's (same_tree.py; session O ran an older one before this check).
