@@ -72,24 +72,49 @@ def post(url: str, body: dict) -> dict:
     return json.loads(urllib.request.urlopen(req, timeout=60).read())
 
 
+HELD_LOGS = itertools.count(1)
+
+
 class Proxy:
     """Trinity's proxy app in a child process (its own session; killed on exit)."""
 
     def __init__(self, upstream: str, work: Path, site: Path | None, trace: bool = True, *, buffer: bool = False,
-                 kill_in_commit: str | None = None, env: dict[str, str] | None = None):  # fmt: skip
+                 kill_in_commit: str | None = None, env: dict[str, str] | None = None, held: bool = False):  # fmt: skip
         """``buffer``: /commit also writes to an SQLite experience buffer (``self.buffer``) through
         Trinity's SQLExperienceStorage; ``kill_in_commit``: the host's fault point (before-write,
-        after-write); ``env``: more environment for the proxy process."""
+        after-write); ``env``: more environment for the proxy process. ``held``: start the process
+        now but let it only import Trinity (seconds) until ``release()``, which gives it its port; then
+        it opens its store and serves (a crash test's next process, on the store of the one before)."""
         work.mkdir(parents=True, exist_ok=True)
-        self.db, self.commits, self.log = work / "proxy_history.db", work / "commits.jsonl", work / "proxy.log"
+        self.db, self.commits = work / "proxy_history.db", work / "commits.jsonl"
+        # a held proxy runs beside the one before it on the same ``work``: a log of its own
+        self.log = work / (f"proxy.held{next(HELD_LOGS)}.log" if held else "proxy.log")
         self.buffer = work / "experience_buffer.db"
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, str(DOUBLES / "trinity_proxy_host.py"), "--upstream", upstream, "--port", str(self.port),
+        self.port, self.base = 0, ""
+        cmd = [sys.executable, str(DOUBLES / "trinity_proxy_host.py"), "--upstream", upstream,
                "--db", str(self.db), "--commits", str(self.commits)] + (["--trace"] if trace else []) + (["--trinity-site", str(site)] if site else [])  # fmt: skip
         cmd += (["--buffer", str(self.buffer)] if buffer else []) + (["--kill-in-commit", kill_in_commit] if kill_in_commit else [])
+        cmd += ["--held"] if held else self._listen()
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})  # fmt: skip
+                                     stdin=subprocess.PIPE if held else None, env={**os.environ, **(env or {})})  # fmt: skip
+        if not held:
+            self._wait_healthy()
+
+    def _listen(self) -> list[str]:
+        """A free port for the proxy, chosen right before it binds it."""
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        return ["--port", str(self.port)]
+
+    def release(self) -> Proxy:
+        """A ``held`` proxy goes on: it gets its port, opens its store and serves; returns once it answers."""
+        assert self.proc.stdin is not None, "release() is for a proxy started with held=True"
+        self.proc.stdin.write(f"{self._listen()[1]}\n".encode())
+        self.proc.stdin.close()
+        self._wait_healthy()
+        return self
+
+    def _wait_healthy(self) -> None:
         end = time.monotonic() + 240
         while True:
             if self.proc.poll() is not None:

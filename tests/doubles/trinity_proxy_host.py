@@ -13,12 +13,16 @@ committed experience as one JSON line to ``--commits`` (what /commit delivers) a
 SIGKILLs itself inside /commit, right before or right after that write (so between the
 ExplorerService's marks of the rows and the experience buffer's write).
 
+``--held``: a proxy started ahead of its turn (the crash tests' next process, while the one before it
+runs): it imports Trinity, then waits for its port as one line on stdin before it opens its store and
+serves (no line: the test is gone, it exits).
+
 ``--trinity-site DIR`` puts DIR first on sys.path so a patched copy of the trinity package there is
 the one imported (the shared venv is never modified). ``--trace`` prints each record_experience
 start, end and any exception, BaseException included (CancelledError is not an Exception), to
 stderr: the evidence for what Trinity's ``except Exception: pass`` would hide.
 
-    python tests/doubles/trinity_proxy_host.py --upstream URL --port P --db FILE --commits FILE [--buffer FILE]
+    python tests/doubles/trinity_proxy_host.py --upstream URL (--port P | --held) --db FILE --commits FILE [--buffer FILE]
         [--kill-in-commit before-write|after-write] [--trinity-site DIR] [--trace]
 """
 
@@ -37,7 +41,9 @@ from types import SimpleNamespace
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--upstream", required=True)
-    ap.add_argument("--port", type=int, required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int)
+    where.add_argument("--held", action="store_true")
     ap.add_argument("--db", required=True)
     ap.add_argument("--commits", required=True)
     ap.add_argument("--buffer")
@@ -55,12 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     from trinity.explorer.proxy.service import ExplorerService
 
     print(f"TRINITY_APP {proxy_app.__file__}", file=sys.stderr, flush=True)
-
-    storage_cfg, storage = None, None
     if a.buffer:
         from trinity.buffer.storage.sql import SQLExperienceStorage
         from trinity.common.config import StorageConfig
+    if a.held:
+        line = sys.stdin.readline()
+        if not line:
+            return 1
+        a.port = int(line)
 
+    storage_cfg, storage = None, None
+    if a.buffer:
         storage_cfg = StorageConfig(name="experience_buffer", storage_type="sql", path=f"sqlite:///{a.buffer}", schema_type="experience")
         storage = SQLExperienceStorage(storage_cfg)
 

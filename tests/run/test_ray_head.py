@@ -1,5 +1,6 @@
 """ray_head: pure decisions, and a real head: loopback-only sockets, token required, clean stop."""
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -72,12 +73,14 @@ def test_real_head_loopback_token_already_running_and_stop(tmp_path):
         assert ray_head.probe(head.address, {**env, **head.env()})["CPU"] == 1.0
         no_token = {**env, **head.env(), "RAY_AUTH_MODE": "disabled"}
         no_token.pop("RAY_AUTH_TOKEN_PATH")
-        with pytest.raises(UserError, match="refused"):
-            ray_head.probe(head.address, no_token, timeout=120)
         wrong = tmp_path / "wrong_token"
         wrong.write_text("0" * 64)
-        with pytest.raises(UserError, match="refused"):
-            ray_head.probe(head.address, {**env, **head.env(), "RAY_AUTH_TOKEN_PATH": str(wrong)}, timeout=120)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # each refusal is Ray's ~20 s of retries: side by side
+            refusals = [pool.submit(ray_head.probe, head.address, bad_env, timeout=120)
+                        for bad_env in (no_token, {**env, **head.env(), "RAY_AUTH_TOKEN_PATH": str(wrong)})]  # fmt: skip
+            for refusal in refusals:
+                with pytest.raises(UserError, match="refused"):
+                    refusal.result()
         # the dashboard's HTTP API wants the token too
         with pytest.raises(urllib.error.HTTPError) as exc:
             urllib.request.urlopen(head.dashboard_url + "/api/version", timeout=10)

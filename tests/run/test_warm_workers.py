@@ -171,7 +171,7 @@ def test_actors_start_in_the_heads_preloaded_idle_workers(tmp_path, probe_module
         assert cold["process_started"] >= cold["connected"] - 1  # a process started for the job
         assert cold["log_dir"] == trinity["TRINITY_LOG_DIR"]  # from the runtime_env
     finally:
-        ray_head.stop(head, remove_temp=True)
+        ray_head.stop(head, timeout=2, remove_temp=True)  # cleanup: its GCS outlasts a SIGTERM's 30 s grace
 
 
 def test_a_mismatch_falls_back_to_the_runtime_env(tmp_path, probe_module):
@@ -183,7 +183,7 @@ def test_a_mismatch_falls_back_to_the_runtime_env(tmp_path, probe_module):
         got = drive(head, envs, warm_workers.driver_env({"TRINITY_LOG_DIR": str(tmp_path / "other/log")}))
         assert got["log_dir"] == envs["TRINITY_LOG_DIR"]
     finally:
-        ray_head.stop(head, remove_temp=True)
+        ray_head.stop(head, timeout=2, remove_temp=True)  # cleanup: its GCS outlasts a SIGTERM's 30 s grace
 
 
 def test_prestart_count_zero_and_a_bad_value(tmp_path, probe_module):
@@ -192,7 +192,7 @@ def test_prestart_count_zero_and_a_bad_value(tmp_path, probe_module):
         time.sleep(4)
         assert idle_workers(head) == []
     finally:
-        ray_head.stop(head, remove_temp=True)
+        ray_head.stop(head, timeout=2, remove_temp=True)  # cleanup: its GCS outlasts a SIGTERM's 30 s grace
     env = {**os.environ, warm_workers.PRESTART_VAR: "many"}
     with pytest.raises(Exception) as info:
         ray_head.start(state_dir=tmp_path / "bad", num_gpus=0, num_cpus=1, env=env, dashboard=False, attempts=1)

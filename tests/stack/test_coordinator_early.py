@@ -29,17 +29,23 @@ VAR = "RFTSTACK_COORDINATOR_EARLY"
 
 # Child: one Ray head, then for each scenario (argv[2], JSON) a real Explorer actor with the TEST
 # DOUBLE models, its prepare(), and a report: prepare's error, the double's notes, the gap between the
-# models' end and prepare's end, and the coordinator actors alive afterwards.
+# models' end and prepare's end, and the coordinator actors that Explorer made alive afterwards.
+# LANES scenarios run at once on the one head (each is mostly one process importing Trinity, one core
+# of CI's two); the coordinators counted are the scenario's own (owned by its Explorer's worker).
 PROBE = r"""
-import asyncio, json, sys, time
+import asyncio, concurrent.futures, json, sys, time
 import ray
 from ray._private import state as ray_state
 from trinity.common.config import load_config
 from trinity.explorer.explorer import Explorer
 
-def coordinators():
-    return sorted(a["State"] for a in ray_state.actors().values() if a["ActorClassName"].endswith("RolloutCoordinator")
-                  and a["State"] != "DEAD")
+LANES = 2
+
+def coordinators(explorer_id):
+    actors = ray_state.actors()
+    owner = actors[explorer_id]["Address"]["Port"]  # the Explorer's worker, owner of the coordinator it made
+    return sorted(a["State"] for a in actors.values() if a["ActorClassName"].endswith("RolloutCoordinator")
+                  and a["OwnerAddress"]["Port"] == owner and a["State"] != "DEAD")
 
 class ModelDouble:
     '''TEST DOUBLE for a rollout model wrapper: its weight sync group set-up and shutdown are recorded.'''
@@ -90,8 +96,7 @@ class ExplorerWithModelDoubles(Explorer):
 config = load_config(sys.argv[1])
 config.check_and_update()
 ray.init(address="local", num_cpus=4, include_dashboard=False, namespace=config.ray_namespace)  # a head of its own
-results = {}
-for name, sc in json.loads(sys.argv[2]).items():
+def scenario(sc):
     begun = time.time()
     cfg = load_config(sys.argv[1]); cfg.check_and_update()
     if sc.get("bad_operator"):  # the real coordinator's prepare then fails on the unknown operator
@@ -107,16 +112,20 @@ for name, sc in json.loads(sys.argv[2]).items():
         error = str(e)
     done = time.time()
     notes = ray.get(actor.notes.remote())
-    left = coordinators()
-    for _ in range(60):  # an actor whose handles are gone is destroyed by Ray shortly after
-        if not error or not left:
-            break
-        time.sleep(1); left = coordinators()
+    explorer_id = actor._actor_id.hex()
+    left = coordinators(explorer_id)
+    end = time.monotonic() + 60  # an actor whose handles are gone is destroyed by Ray shortly after
+    while error and left and time.monotonic() < end:
+        time.sleep(0.2); left = coordinators(explorer_id)
     if not error:
         ray.get(actor.shutdown.remote())
     ray.kill(actor)
-    results[name] = {"error": error, "notes": notes, "gap_s": done - notes["models_done"], "alive_after": left,
-                     "wall_s": time.time() - begun}
+    return {"error": error, "notes": notes, "gap_s": done - notes["models_done"], "alive_after": left,
+            "wall_s": time.time() - begun}
+
+scenarios = json.loads(sys.argv[2])
+with concurrent.futures.ThreadPoolExecutor(LANES) as lanes:
+    results = dict(zip(scenarios, lanes.map(scenario, scenarios.values())))
 ray.shutdown()
 print("PROBE " + json.dumps(results))
 """
@@ -198,11 +207,16 @@ def test_both_failing_the_models_error_is_raised_and_the_coordinators_logged(run
 def test_a_bad_switch_value_stops_the_import_with_one_sentence():
     """RFTSTACK_COORDINATOR_EARLY is read when trinity/explorer/explorer.py is imported: 1 (the
     default) or 0; another value stops the import, so the Explorer's start, with one sentence."""
-    from trinity.explorer import explorer
+    # the child's import and this process's own run side by side (each is seconds of imports)
+    child = subprocess.Popen([sys.executable, "-c", "import trinity.explorer.explorer"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "RFTSTACK_COORDINATOR_EARLY": "yes"})  # fmt: skip
+    try:
+        from trinity.explorer import explorer
 
-    assert explorer.coordinator_early_enabled({}) is True
-    assert explorer.coordinator_early_enabled({"RFTSTACK_COORDINATOR_EARLY": "0"}) is False
-    out = subprocess.run([sys.executable, "-c", "import trinity.explorer.explorer"], capture_output=True, text=True,
-                         env={**os.environ, "RFTSTACK_COORDINATOR_EARLY": "yes"}, timeout=300)  # fmt: skip
-    assert out.returncode != 0
-    assert "RFTSTACK_COORDINATOR_EARLY must be 1 (start the rollout coordinator while the models start, the default) or 0" in out.stderr
+        assert explorer.coordinator_early_enabled({}) is True
+        assert explorer.coordinator_early_enabled({"RFTSTACK_COORDINATOR_EARLY": "0"}) is False
+        _, stderr = child.communicate(timeout=300)
+    finally:
+        child.kill()
+    assert child.returncode != 0
+    assert "RFTSTACK_COORDINATOR_EARLY must be 1 (start the rollout coordinator while the models start, the default) or 0" in stderr

@@ -34,6 +34,22 @@ def kill9(px: Proxy) -> None:
     px.proc.wait()
 
 
+@pytest.fixture
+def next_proxy():
+    """Starts a test's next proxy process ahead (``Proxy(held=True)``): it imports Trinity (most of a
+    proxy's start) while the one before it runs, and opens the shared store only on ``release()``,
+    after that one's kill. Each is killed at the end, also when the test fails before its turn."""
+    held: list[Proxy] = []
+
+    def start(*args, **kwargs) -> Proxy:
+        held.append(Proxy(*args, held=True, **kwargs))
+        return held[-1]
+
+    yield start
+    for px in held:
+        kill9(px)
+
+
 def ask(px: Proxy, i: int, max_tokens: int) -> str:
     """One chat completion, streamed for odd i; its id once the client has the whole response."""
     content = f"crash case {i}"
@@ -117,12 +133,13 @@ def feedback(px: Proxy, rid: str, reward: float) -> None:
     assert post(px.base + "/feedback", {"reward": reward, "msg_ids": [rid], "task_id": "crash", "run_id": 0})["status"] == "success"
 
 
-def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_site, tmp_path):
+def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_site, tmp_path, next_proxy):
     """A new proxy process on the same proxy_history.db and experience buffer (what a restarted
     `rftstack serve` with the same checkpoint root gets) after a kill -9 mid-burst: every response
     the client received, before or after the restart, has exactly one row; the msg ids are unique
     across the restart; rewards and the one /commit after the restart deliver each exactly once."""
     work = tmp_path / "proxy"
+    px2 = next_proxy(double.base_url, work, policy_site)  # same db, same commits file, once released
     px = Proxy(double.base_url, work, policy_site)
     double.token_delay_s = 0.1
     before, failed = [], []
@@ -142,7 +159,7 @@ def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_s
     assert failed, "the kill did not cut any request off"
     _, rows_before = stored(px.db)
 
-    px2 = Proxy(double.base_url, work, policy_site)  # same db, same commits file
+    px2.release()
     try:
         after = [ask(px2, 100 + i, max_tokens=3) for i in range(6)]
         received = before + after
@@ -165,13 +182,16 @@ def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_s
 
 
 @pytest.mark.parametrize("marks", [True, False], ids=["patched", "unpatched"])
-def test_rewards_stranded_by_a_crash_are_delivered_once_after_restart(double, policy_site, site_without_marks, tmp_path, marks):
+def test_rewards_stranded_by_a_crash_are_delivered_once_after_restart(double, policy_site, site_without_marks, tmp_path, marks,
+                                                                      next_proxy):  # fmt: skip
     """4 responses rewarded and committed, 4 more rewarded, then kill -9 before any /commit. The
     next process on the same store queues the 4 stranded ones at start and its /commit delivers
     them, once; a third process delivers nothing again. Without the commit-marks patch (Trinity
     0.6.0 as published) the stranded rewards are never delivered: this test fails there."""
     site = policy_site if marks else site_without_marks
     work = tmp_path / "proxy"
+    px2 = next_proxy(double.base_url, work, site)
+    px3 = next_proxy(double.base_url, work, site) if marks else None  # the third process runs with the patch only
     px = Proxy(double.base_url, work, site)
     try:
         ids = [ask(px, i, max_tokens=3) for i in range(8)]
@@ -186,7 +206,7 @@ def test_rewards_stranded_by_a_crash_are_delivered_once_after_restart(double, po
         kill9(px)
     assert sorted(c["msg_id"] for c in commits(px)) == sorted(first)
 
-    px2 = Proxy(double.base_url, work, site)
+    px2.release()
     try:
         assert post(px2.base + "/commit", {})["status"] == "success"
     finally:
@@ -199,7 +219,8 @@ def test_rewards_stranded_by_a_crash_are_delivered_once_after_restart(double, po
     assert sorted(delivered) == sorted(ids)  # the stranded 4 once, the first 4 not again
     assert all(c["reward"] == 0.5 for c in commits(px2) if c["msg_id"] in stranded)
 
-    px3 = Proxy(double.base_url, work, site)
+    assert px3 is not None
+    px3.release()
     try:
         assert "RESTORED 0" in px3.log.read_text()
         assert post(px3.base + "/commit", {})["status"] == "success"
@@ -232,7 +253,7 @@ def consumed(db: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize(("point", "pending"), [("after-write", True), ("before-write", True), ("after-write", False)],
                          ids=["after-write", "before-write", "after-write-pending-off"])  # fmt: skip
-def test_kill_during_commit_delivers_each_experience_once_after_restart(double, policy_site, tmp_path, point, pending):
+def test_kill_during_commit_delivers_each_experience_once_after_restart(double, policy_site, tmp_path, point, pending, next_proxy):
     """6 responses rewarded, then /commit, and the proxy's process SIGKILLs itself inside it right
     before or right after the experience buffer's write (an SQLite buffer written by Trinity's
     SQLExperienceStorage, the storage of a serve's experience buffer). A new process on the same
@@ -241,6 +262,7 @@ def test_kill_during_commit_delivers_each_experience_once_after_restart(double, 
     a kill after the write delivers the 6 again: the window the mark closes."""
     work = tmp_path / "proxy"
     env = {"RFTSTACK_PROXY_COMMIT_PENDING": "1" if pending else "0"}
+    px2 = next_proxy(double.base_url, work, policy_site, buffer=True, env=env)
     px = Proxy(double.base_url, work, policy_site, buffer=True, kill_in_commit=point, env=env)
     try:
         ids = [ask(px, i, max_tokens=3) for i in range(6)]
@@ -256,7 +278,7 @@ def test_kill_during_commit_delivers_each_experience_once_after_restart(double, 
     assert sorted(buffer_ids(px.buffer)) == sorted(written)
     assert consumed(px.db) == {rid: 3 if pending else 1 for rid in ids}  # 3: the /commit was under way
 
-    px2 = Proxy(double.base_url, work, policy_site, buffer=True, env=env)
+    px2.release()
     try:
         restored = 0 if pending and point == "after-write" else len(ids)
         assert f"RESTORED {restored}" in px2.log.read_text()

@@ -18,6 +18,7 @@ executor on a GPU is tests/gpu/test_serve_gpu.py's part.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -115,9 +116,12 @@ def chosen(out: subprocess.CompletedProcess) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def backends(published_module) -> dict[str, dict[str, str]]:
-    """The executor each shape's engine args named: as published, patched (switch unset), mp and uni."""
-    return {"published": chosen(probe(str(published_module), None)), "patched": chosen(probe("-", None)),
-            "mp": chosen(probe("-", "mp")), "uni": chosen(probe("-", "uni"))}  # fmt: skip
+    """The executor each shape's engine args named: as published, patched (switch unset), mp and uni.
+    The four children run two at a time (each is mostly its imports of vLLM and Trinity, one core)."""
+    runs = {"published": (str(published_module), None), "patched": ("-", None), "mp": ("-", "mp"), "uni": ("-", "uni")}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = {run: pool.submit(probe, *args) for run, args in runs.items()}
+        return {run: chosen(future.result()) for run, future in done.items()}
 
 
 def test_as_published_every_engine_is_mp_and_a_users_backend_is_a_type_error(backends):
