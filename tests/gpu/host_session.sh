@@ -83,6 +83,9 @@
 #              orders: today's proxy (sqlite-gc), the recording in a process of its own (sqlite-process) and in
 #              four (sqlite-process4), the prebuilt bound and forwarding only; with cores to spare each recorder
 #              process has one of its own
+#   proxycpu-build  bench/proxy_overhead.py on this host's CPU before the 0.27 s TEST DOUBLE: the experiences built
+#              by four builder processes (sqlite-build4, patches/trinity-proxy-build-processes.patch) and on the proxy's
+#              loop (sqlite-gc, today's default), in that order; BUILD_LEVELS (32,64) and BUILD_REQUESTS (1024) a level
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
@@ -209,6 +212,9 @@ for step in "${steps[@]}"; do
                    python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-process${order%%:*}.json" \
                      --variants "${order#*:}" --concurrency 32,64 --requests 1024 --upstream-delay-s 0.27 || break
                  done ;;
+        proxycpu-build) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-build.json" \
+                 --variants sqlite-build4,sqlite-gc --concurrency "${BUILD_LEVELS:-32,64}" --requests "${BUILD_REQUESTS:-1024}" \
+                 --upstream-delay-s 0.27 ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,trinity-cold,manual --ready-only --budget-s 900 ;;
         ready-3b-fork) bench --model /tmp/bench/qwen3b --label qwen3b-warm-fork --phases bare,trinity,trinity-mp,trinity-mp-fork \

@@ -62,7 +62,7 @@ ANSWER = {"id": "chatcmpl-unit", "prompt_token_ids": [5, 6, 7],
 def test_a_builder_gives_what_the_proxy_would_build_and_raises_what_it_would_raise():
     """One real builder process, driven as the proxy drives it: the rows' fields and bytes of an answer
     with numeric, JSON and no logprobs are those of ExplorerService.record_experience's own building; an
-    answer it cannot build raises the builder's exception (the KeyError the proxy's loop would raise)."""
+    answer it cannot build raises the exception the proxy's loop would raise, from the builder."""
     import asyncio
 
     from trinity.common.experience import Experience
@@ -85,8 +85,13 @@ def test_a_builder_gives_what_the_proxy_would_build_and_raises_what_it_would_rai
                 assert got.tokens.tolist() == e.tokens.tolist() and got.logprobs.tolist() == e.logprobs.tolist()
                 assert got.prompt_length == e.prompt_length == 3
             assert [Experience.deserialize(b.serialize()).logprobs.tolist() for b in built] == [[-0.5, -0.25], [-1.5], []]
-            with pytest.raises(KeyError, match="prompt_token_ids"):
+            with pytest.raises(KeyError, match="prompt_token_ids"):  # the proxy's loop raised this one before
                 await builder.build({"id": "x", "choices": [{"token_ids": [1]}]}, 0)
+            bad = {"id": "x", "prompt_token_ids": [1], "choices": [{"token_ids": ["one"], "rftstack_logprobs": [0.0]}]}
+            with pytest.raises(Exception) as in_loop:
+                recorder.experiences_of(bad, 0)
+            with pytest.raises(type(in_loop.value), match=re.escape(str(in_loop.value))):  # raised in the builder
+                await builder.build(bad, 0)
             assert builder.ready and builder.gone is None  # it goes on after a bad answer
         finally:
             builder.socket.close()
