@@ -4,6 +4,7 @@ upstream record every response (the numbers themselves go to docs/benchmarks.md,
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,6 +146,28 @@ def test_sqlite_process_records_a_row_per_response_beside_sqlite_gc(tmp_path):
         assert res["summary"][v]["recorder_cpu_ms_per_response"] > 0
         log = (tmp_path / "beside-logs" / f"proxy-{v}.log").read_text()
         assert log.count("RECORDER_PID ") == processes and log.count("GROUP_COMMIT 1") == 1
+
+
+@pytest.mark.slow
+def test_sqlite_build_records_a_row_per_response_through_its_builder_beside_sqlite_gc(tmp_path):
+    """patches/trinity-proxy-build-processes.patch in the benchmark: sqlite-build's proxy has one experience builder,
+    measured once it is ready, whose CPU is reported beside the proxy's; sqlite-gc's has none (the variable at 0)."""
+    import proxy_overhead as po
+
+    if not po.recorder_patch_installed(po.BUILD_VAR):  # a Trinity without the patch: refused with one sentence
+        r = overhead(tmp_path / "refused.json", "sqlite-build", 8, 24, 5)
+        assert r.returncode == 2 and "need the build-processes patch" in r.stderr and "Traceback" not in r.stderr
+        return
+    res = beside_sqlite_gc(tmp_path, "sqlite-build")
+    if res is None:
+        return
+    assert res["runs"]["sqlite-build"]["recorder_cpu_ms_per_response"] > 0
+    assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
+    logs = tmp_path / "beside-logs"
+    build = (logs / "proxy-sqlite-build.log").read_text()
+    assert "Experience builders: 1 processes (RFTSTACK_PROXY_BUILD_PROCESSES=1, rftstack patch)" in build
+    assert len(re.findall(r"Experience builder \d+ ready", build)) == 1
+    assert "Experience builders:" not in (logs / "proxy-sqlite-gc.log").read_text()
 
 
 def test_gc_window_counts_only_the_collections_inside_it():
