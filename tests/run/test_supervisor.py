@@ -159,3 +159,42 @@ def test_an_escaped_process_gets_sigterm_before_sigkill(tmp_path):
     finally:
         supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
         proc.wait(timeout=10)
+
+
+SERVER = r"""
+import os, signal, sys, time
+client, out = int(sys.argv[1]), sys.argv[2]
+def on_term(*_):
+    with open(out, "w") as f:
+        f.write("client alive" if os.path.exists(f"/proc/{client}") and open(f"/proc/{client}/stat").read().split(") ")[1][0] != "Z" else "client gone")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_last_process_gets_the_signal_only_after_the_others_are_gone(tmp_path):
+    """What ray_head.stop relies on for the GCS server: the process that ``last`` names is
+    signalled once the other tagged processes have left, not beside them."""
+    tag = f"t-{uuid.uuid4().hex}"
+    env = {**os.environ, supervisor.TAG_VAR: tag}
+    # the client takes a second to leave after SIGTERM, as raylet does
+    client = subprocess.Popen([sys.executable, "-c", "import signal,sys,time\n"
+                               "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))\n"
+                               "print('ready', flush=True)\ntime.sleep(300)"],
+                              env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(client.pid), str(tmp_path / "seen")], env=env,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert client.stdout.readline() == server.stdout.readline() == "ready\n"
+        res = supervisor.stop(tag=tag, first=signal.SIGTERM, grace_s=30, term_s=0,
+                              keep_reaping=[], last=lambda p: p.pid == server.pid)  # fmt: skip
+        assert res.signals == ["SIGTERM"] and res.left == []
+        assert (tmp_path / "seen").read_text() == "client gone"
+        assert client.wait(timeout=10) == 0 and server.wait(timeout=10) == 0
+    finally:
+        supervisor.stop(tag=tag, first=signal.SIGKILL, grace_s=5)
+        for p in (client, server):
+            p.kill()
+            p.wait()

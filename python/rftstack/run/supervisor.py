@@ -166,6 +166,7 @@ def stop(
     leader: int | None = None,
     on_wait: Callable[[float, int], None] | None = None,
     hurry: Callable[[], bool] | None = None,
+    last: Callable[[ProcInfo], bool] | None = None,
 ) -> StopResult:
     """Stop a process group and every process carrying ``tag``: ``first`` signal to the group,
     SIGTERM to all after ``grace_s``, SIGKILL to all after ``term_s`` more; waits until none is
@@ -173,7 +174,9 @@ def stop(
     how to shut down its own children); escalations go to every process found. When ``leader``
     (the pid the first signal was meant for) is gone, the grace period ends early: what is left
     then has escaped its leader's shutdown and gets SIGTERM at once. When ``hurry()`` turns true
-    (a second Ctrl-C), the grace periods end.
+    (a second Ctrl-C), the grace periods end. Without ``pgid``, processes for which ``last(p)``
+    holds get ``first`` only once every other process is gone (or the grace period is over): a
+    server whose clients must leave before it can shut down (Ray's GCS server).
     """
     t0 = time.monotonic()
     sent: list[str] = []
@@ -185,12 +188,18 @@ def stop(
         found.pop(os.getpid(), None)
         return list(found.values())
 
-    def wait(limit: float, until_leader_gone: bool = False, hurryable: bool = True) -> list[ProcInfo]:
+    def held(p: ProcInfo) -> bool:
+        return last is not None and last(p)
+
+    def wait(limit: float, until_leader_gone: bool = False, hurryable: bool = True,
+             but_held: bool = False) -> list[ProcInfo]:  # fmt: skip
         end = time.monotonic() + limit
         while True:
             reap_orphans(keep_reaping)
             left = members()
             if not left or time.monotonic() >= end:
+                return left
+            if but_held and all(held(p) for p in left):
                 return left
             if until_leader_gone and leader is not None and not alive(leader):
                 return left
@@ -203,12 +212,16 @@ def stop(
     left = members()
     if not left:
         return StopResult(sent, [], time.monotonic() - t0)
+    grace_end = time.monotonic() + grace_s
     if pgid is not None:
-        _signal_group(pgid, first)
+        _signal_group(pgid, first)  # the whole group, ``last`` or not: its leader orders its own shutdown
     else:
-        _signal((p.pid for p in left), first)
+        _signal((p.pid for p in left if not held(p)), first)
     sent.append(signal.Signals(first).name)
-    left = wait(grace_s, until_leader_gone=True)
+    if any(held(p) for p in left):
+        left = wait(grace_s, until_leader_gone=True, but_held=True)
+        _signal((p.pid for p in left if held(p)), first)
+    left = wait(max(0.0, grace_end - time.monotonic()), until_leader_gone=True)
     if left and first != signal.SIGTERM:
         _signal_group(pgid, signal.SIGTERM)
         _signal((p.pid for p in left), signal.SIGTERM)
