@@ -44,10 +44,11 @@ Variants (``--variants``):
               their transactions one at a time); their CPU summed
   sqlite-build  sqlite-gc with patches/trinity-proxy-build-processes.patch on (RFTSTACK_PROXY_BUILD_PROCESSES=1):
               Trinity's own record_experience has one builder process build and serialize the experiences, the
-              proxy writes them (its recorder and group commit), as `rftstack relax` installs it where the proxy's
-              process has 4 to 7 CPUs; measured once the builder is ready. Its CPU is reported beside the
+              proxy writes them (its recorder and group commit); what RFTSTACK_PROXY_BUILD_PROCESSES=auto gives
+              where the proxy's process has 4 to 7 CPUs (the default is 0, no builder); measured once the builder
+              is ready. Its CPU is reported beside the
               proxy's (recorder_cpu_ms_per_response)
-  sqlite-build4  the same with four builder processes (RFTSTACK_PROXY_BUILD_PROCESSES=4: the default from 16 CPUs)
+  sqlite-build4  the same with four builder processes (RFTSTACK_PROXY_BUILD_PROCESSES=4: what `auto` gives from 16 CPUs)
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
