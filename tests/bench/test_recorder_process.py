@@ -74,6 +74,10 @@ LABELS = {"sqlite-gc": "today's proxy (`sqlite-gc`)", "sqlite-process": "recordi
 # the GPU host's CPU (16 cores, no GPU used), session S: host_session.sh proxycpu-process, two orders
 HOST_RUNS = ("gpu-2026-12-04s/proxy-overhead-host-process1.json", "gpu-2026-12-04s/proxy-overhead-host-process2.json")
 HOST_LABELS = {**LABELS, "sqlite-process4": "four recording processes (`sqlite-process4`)"}
+# the CPU machine, this session: patches/trinity-proxy-build-processes.patch's second version, two orders
+BUILD_RUNS = ("proxy-overhead-cpu-build.json", "proxy-overhead-cpu-build-reversed.json")
+BUILD_LABELS = {"sqlite-gc": LABELS["sqlite-gc"], "sqlite-build": "one experience builder (`sqlite-build`)",
+                "sqlite-process": LABELS["sqlite-process"]}
 
 
 def process_table(results: Path, runs: tuple[str, ...] = RUNS, labels: dict[str, str] = LABELS) -> str:
@@ -95,7 +99,8 @@ def process_table(results: Path, runs: tuple[str, ...] = RUNS, labels: dict[str,
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("runs, labels", [(RUNS, LABELS), (HOST_RUNS, HOST_LABELS)], ids=["cpu-machine", "gpu-host-cpu"])
+@pytest.mark.parametrize("runs, labels", [(RUNS, LABELS), (HOST_RUNS, HOST_LABELS), (BUILD_RUNS, BUILD_LABELS)],
+                         ids=["cpu-machine", "gpu-host-cpu", "cpu-machine-builders"])  # fmt: skip
 def test_the_docs_tables_of_the_recorder_process_are_what_the_result_files_hold(runs, labels):
     table = process_table(REPO / "bench" / "results", runs, labels)
     assert table in (REPO / "docs" / "benchmarks.md").read_text(), "docs/benchmarks.md should hold:\n" + table
