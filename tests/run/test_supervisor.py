@@ -188,8 +188,7 @@ def test_a_last_process_gets_the_signal_only_after_the_others_are_gone(tmp_path)
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert client.stdout.readline() == server.stdout.readline() == "ready\n"
-        res = supervisor.stop(tag=tag, first=signal.SIGTERM, grace_s=30, term_s=0,
-                              keep_reaping=[], last=lambda p: p.pid == server.pid)  # fmt: skip
+        res = supervisor.stop(tag=tag, first=signal.SIGTERM, grace_s=30, term_s=0, last=lambda p: p.pid == server.pid)
         assert res.signals == ["SIGTERM"] and res.left == []
         assert (tmp_path / "seen").read_text() == "client gone"
         assert client.wait(timeout=10) == 0 and server.wait(timeout=10) == 0

@@ -145,6 +145,11 @@ def ray_executable() -> str:
     return found
 
 
+def runs(p: supervisor.ProcInfo, name: str) -> bool:
+    """Whether ``p`` runs Ray's binary ``name`` (gcs_server, raylet), started by its full path."""
+    return p.cmdline.split(" ")[0].endswith("/" + name)
+
+
 @dataclasses.dataclass
 class Head:
     """A running Ray node started by rftstack (a head, or with ``role="worker"`` a worker node),
@@ -174,7 +179,7 @@ class Head:
         """The process the node lives and dies with: the GCS on a head, the raylet on a worker."""
         name = "gcs_server" if self.role == "head" else "raylet"
         for p in self.processes():
-            if p.cmdline.split(" ")[0].endswith("/" + name):
+            if runs(p, name):
                 return p.pid
         return None
 
@@ -389,10 +394,6 @@ def wildcard_ports(node: Head) -> dict[str, int]:
     return {name: port for name, port in node.ports.items() if port in open_ports}
 
 
-def is_gcs_server(p: supervisor.ProcInfo) -> bool:
-    return os.path.basename(p.cmdline.split(" ", 1)[0]) == "gcs_server"
-
-
 def stop(head: Head, timeout: float = 30.0, remove_temp: bool = False, hurry=None) -> supervisor.StopResult:
     """SIGTERM every process of the node, the GCS server once the others are gone; SIGKILL what is
     left after ``timeout``. The order matters: Ray 2.60's gcs_server, given SIGTERM while its
@@ -400,7 +401,7 @@ def stop(head: Head, timeout: float = 30.0, remove_temp: bool = False, hurry=Non
     grpc::Server::Shutdown for calls that never finish, and the monitor's own SIGTERM handler
     waits on that GCS: both stayed until SIGKILL. Stopped last, it leaves in well under a second."""
     result = supervisor.stop(tag=head.tag, first=signal.SIGTERM, grace_s=timeout, term_s=0, kill_s=10, hurry=hurry,
-                             last=is_gcs_server)  # fmt: skip
+                             last=lambda p: runs(p, "gcs_server"))  # fmt: skip
     if remove_temp:
         shutil.rmtree(head.temp_dir, ignore_errors=True)
     return result
