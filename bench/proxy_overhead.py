@@ -49,6 +49,11 @@ Variants (``--variants``):
               is ready. Its CPU is reported beside the
               proxy's (recorder_cpu_ms_per_response)
   sqlite-build4  the same with four builder processes (RFTSTACK_PROXY_BUILD_PROCESSES=4: what `auto` gives from 16 CPUs)
+  sqlite-record  sqlite-gc with the same patch's recording processes (RFTSTACK_PROXY_RECORD_PROCESSES=1): Trinity's
+              record_experience sends the answer's numbers to a process that builds, serializes and commits the
+              experiences itself (its own recorder and group commit, on the proxy's table); the proxy answers once
+              they are committed. Measured once the process is ready; its CPU reported beside the proxy's
+  sqlite-record4  the same with four recording processes (what `auto` gives from 16 CPUs)
   sqlite-pool1 the default SQLite file, with the recorder's engine pool at one connection (pool_size=1,
               max_overflow=0): writes queue in the pool instead of in SQLite's busy handler, and no
               overflow connection (with its aiosqlite thread) is opened and closed per response
@@ -57,7 +62,9 @@ sqlite-build ones runs with RFTSTACK_RECORDER_GROUP_COMMIT=0, i.e. upstream's wr
 installed, every variant but hop-fast, sqlite-fast, hop-gc, sqlite-gc, sqlite-prebuilt and the sqlite-process and
 sqlite-build ones with RFTSTACK_PROXY_FAST_FORWARD=0, every variant but hop-gc, sqlite-gc, sqlite-prebuilt and the
 sqlite-process and sqlite-build ones with RFTSTACK_PROXY_GC=0, and every variant but the sqlite-build ones with
-RFTSTACK_PROXY_BUILD_PROCESSES=0 (the experiences built on the proxy's loop), so one run compares them side by side.
+RFTSTACK_PROXY_BUILD_PROCESSES=0 (the experiences built on the proxy's loop), every one but the sqlite-record ones
+with RFTSTACK_PROXY_RECORD_PROCESSES=0, so one run compares them side by side. (sqlite-record and sqlite-build count
+as sqlite-process for the group-commit, fast-forward and gc settings above.)
 Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   quiet       uvicorn without its per-request access log (Trinity's `serve_http` keeps uvicorn's
               default, access log on)
@@ -107,9 +114,10 @@ from rftstack.doctor.netstat import free_port
 
 VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
             "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt", "sqlite-process",
-            "sqlite-process4", "sqlite-build", "sqlite-build4")
+            "sqlite-process4", "sqlite-build", "sqlite-build4", "sqlite-record", "sqlite-record4")
 RECORDER_PROCESSES = {"sqlite-process": 1, "sqlite-process4": 4}  # variant: recorder processes
 BUILDERS = {"sqlite-build": 1, "sqlite-build4": 4}  # variant: experience builder processes
+RECORDERS = {"sqlite-record": 1, "sqlite-record4": 4}  # variant: the patch's recording processes
 FLAGS = ("quiet", "h11", "published", "offer", "numeric")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
@@ -117,6 +125,7 @@ GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recor
 FAST_FORWARD_VAR = "RFTSTACK_PROXY_FAST_FORWARD"  # read by the patched app.py
 GC_VAR = "RFTSTACK_PROXY_GC"  # read by the patched app.py
 BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # read by the patched recorder.py
+RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"  # the same
 NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # read by the patched app.py
 WARMUP = 8  # unmeasured requests before each level
 
@@ -126,23 +135,28 @@ def group_commit_setting(variant: str) -> str | None:
     base = variant.partition("+")[0]
     if not base.startswith("sqlite"):
         return None
-    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES, *BUILDERS) else "0"
+    return "1" if base in ("sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES, *BUILDERS, *RECORDERS) else "0"
 
 
 def fast_forward_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_FAST_FORWARD a variant's proxy runs with."""
     return "1" if variant.partition("+")[0] in ("hop-fast", "sqlite-fast", "hop-gc", "sqlite-gc", "sqlite-prebuilt",
-                                                *RECORDER_PROCESSES, *BUILDERS) else "0"
+                                                *RECORDER_PROCESSES, *BUILDERS, *RECORDERS) else "0"
 
 
 def gc_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_GC a variant's proxy runs with."""
-    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES, *BUILDERS) else "0"
+    return "1" if variant.partition("+")[0] in ("hop-gc", "sqlite-gc", "sqlite-prebuilt", *RECORDER_PROCESSES, *BUILDERS, *RECORDERS) else "0"
 
 
 def build_setting(variant: str) -> str:
     """The value of RFTSTACK_PROXY_BUILD_PROCESSES a variant's proxy runs with."""
     return str(BUILDERS.get(variant.partition("+")[0], 0))
+
+
+def record_setting(variant: str) -> str:
+    """The value of RFTSTACK_PROXY_RECORD_PROCESSES a variant's proxy runs with."""
+    return str(RECORDERS.get(variant.partition("+")[0], 0))
 
 
 def variants_problem(variants: list[str]) -> str | None:
@@ -165,6 +179,9 @@ def variants_problem(variants: list[str]) -> str | None:
     if any(build_setting(v) != "0" for v in variants) and not recorder_patch_installed(BUILD_VAR):
         return ("variants sqlite-build and sqlite-build4 need the build-processes patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-proxy-build-processes.patch)")
+    if any(record_setting(v) != "0" for v in variants) and not recorder_patch_installed(RECORD_VAR):
+        return ("variants sqlite-record and sqlite-record4 need the build-processes patch's recording processes in the "
+                "installed Trinity; run `rftstack relax` (it applies patches/trinity-proxy-build-processes.patch)")
     if any("numeric" in flags(v) for v in variants) and not app_patch_installed(NUMERIC_VAR):
         return ("flag +numeric needs the numeric-logprobs patch in the installed Trinity; "
                 "run `rftstack relax` (it applies patches/trinity-proxy-numeric-logprobs.patch)")
@@ -225,6 +242,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when app.py is imported
     os.environ[GC_VAR] = gc_setting(variant)  # the same
     os.environ[BUILD_VAR] = build_setting(variant)  # read when recorder.py is imported
+    os.environ[RECORD_VAR] = record_setting(variant)  # the same
     os.environ[NUMERIC_VAR] = "1" if "numeric" in flags(variant) else "0"  # the same
     import uvicorn
 
@@ -476,17 +494,18 @@ def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple
 
 def recorder_pids(proxy_log: Path) -> list[int]:
     """The recorder processes' pids a proxy printed (the sqlite-process variants), or its experience builders'
-    (the sqlite-build variants; Trinity's recorder logs them)."""
+    or recorders' (the sqlite-build and sqlite-record variants; Trinity's recorder logs them)."""
     text = proxy_log.read_text()
-    builders = re.search(r"Experience builders: \d+ processes .* pids ([\d ]+)", text)
+    builders = re.search(r"Experience (?:builder|recorder)s: \d+ processes .* pids ([\d ]+)", text)
     return [int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("RECORDER_PID ")] + (
         [int(p) for p in builders.group(1).split()] if builders else [])
 
 
 def wait_builders(proxy_log: Path, count: int, proc: subprocess.Popen, limit_s: float) -> None:
-    """Until the proxy's ``count`` experience builders are ready (until then the proxy builds the experiences)."""
+    """Until the proxy's ``count`` experience builders (or recorders) are ready (until then the proxy builds and
+    records the experiences)."""
     end = time.monotonic() + limit_s
-    while len(re.findall(r"Experience builder \d+ ready", proxy_log.read_text())) < count:
+    while len(re.findall(r"Experience (?:builder|recorder) \d+ ready", proxy_log.read_text())) < count:
         if proc.poll() is not None or time.monotonic() > end:
             raise RuntimeError(f"the proxy's {count} experience builders were not ready; its log {proxy_log} ends: "
                                f"{proxy_log.read_text()[-2000:]}")
@@ -563,8 +582,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
                 startup = time.monotonic() - t0
-                if build_setting(v) != "0":
-                    wait_builders(logs / f"proxy-{v}.log", int(build_setting(v)), proxy, 300)
+                if build_setting(v) != "0" or record_setting(v) != "0":
+                    wait_builders(logs / f"proxy-{v}.log", int(build_setting(v)) or int(record_setting(v)), proxy, 300)
                 recorders = recorder_pids(logs / f"proxy-{v}.log")
                 cpu0, load0 = process_cpu_s(proxy.pid), time.monotonic()
                 rcpu0 = sum(process_cpu_s(pid) for pid in recorders)

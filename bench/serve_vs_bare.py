@@ -35,6 +35,9 @@ Phases (each hard time-bounded, processes always stopped, results written after 
            the same with RFTSTACK_PROXY_BUILD_PROCESSES=auto (patches/trinity-proxy-build-processes.patch: the
            experiences built and serialized in builder processes, one for every 4 CPUs, at most 4), side by
            side with `trinity` (the default, 0: built on the proxy's event loop, as upstream) in one run
+  trinity-record
+           the same with RFTSTACK_PROXY_RECORD_PROCESSES=auto (the same patch's recording processes: the
+           experiences built, serialized and committed by them, one for every 4 CPUs, at most 4)
   trinity-cold
            time to ready of `rftstack serve` with RFTSTACK_WARM_WORKERS=0 (its own Ray head without
            warm workers, Trinity's job with its runtime_env: every actor in a new process, as plain
@@ -88,6 +91,7 @@ WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray
 NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # patches/trinity-proxy-numeric-logprobs.patch: 1 (default) or 0
 FORK_VAR = "RFTSTACK_VLLM_FORK_WORKERS"  # patches/vllm-fork-workers.patch: 1 (default) or 0
 BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # patches/trinity-proxy-build-processes.patch: 0 (default), auto or N
+RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"  # the same patch's recording processes: 0 (default), auto or N
 from rftstack.doctor.netstat import free_port
 
 # the phases that run `trinity` with variables set (a patch switched off, or another executor):
@@ -101,6 +105,7 @@ SWITCHED = {
     "trinity-mp-fork": {EXECUTOR_VAR: "mp", FORK_VAR: "1"},  # the defaults since session N, spelled out
     "trinity-uni": {EXECUTOR_VAR: "uni"},  # vLLM's uni executor (the default until session N)
     "trinity-build": {BUILD_VAR: "auto"},
+    "trinity-record": {RECORD_VAR: "auto"},
     "trinity-cold": {WARM_VAR: "0"},
 }
 LOADED = ("trinity", *(n for n in SWITCHED if n != "trinity-cold"))  # the phases that get the proxy's load

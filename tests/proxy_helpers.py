@@ -5,6 +5,7 @@ and Trinity's proxy app in a child process (tests/doubles/trinity_proxy_host.py)
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib.util
 import itertools
 import json
@@ -134,15 +135,15 @@ class Proxy:
         self.client = OpenAI(base_url=self.base + "/v1", api_key="unused", max_retries=0, timeout=60)
 
     def ready_builders(self, count: int, limit_s: float = 180) -> list[int]:
-        """The pids of the proxy's ``count`` experience builder processes (patches/trinity-proxy-build-
-        processes.patch, RFTSTACK_PROXY_BUILD_PROCESSES) once each has said it is ready: the host starts them
-        before it serves, and their imports take seconds; until then the proxy builds, as upstream. So every
-        answer of a test goes through them."""
+        """The pids of the proxy's ``count`` experience builder or recording processes (patches/trinity-proxy-
+        build-processes.patch, RFTSTACK_PROXY_BUILD_PROCESSES or _RECORD_PROCESSES) once each has said it is
+        ready: the host starts them before it serves, and their imports take seconds; until then the proxy
+        builds and records, as upstream. So every answer of a test goes through them."""
         end = time.monotonic() + limit_s
         while True:
             log = self.log.read_text()
-            started = re.search(r"Experience builders: (\d+) processes .* pids ([\d ]+)", log)
-            ready = set(map(int, re.findall(r"Experience builder (\d+) ready", log)))
+            started = re.search(r"Experience (?:builder|recorder)s: (\d+) processes .* pids ([\d ]+)", log)
+            ready = set(map(int, re.findall(r"Experience (?:builder|recorder) (\d+) ready", log)))
             if started and len(ready) == count:
                 pids = [int(p) for p in started.group(2).split()]
                 assert int(started.group(1)) == count and set(pids) == ready, log[-2000:]
@@ -275,3 +276,15 @@ def upstream() -> FastAPI:
                              "logprobs": {"content": [{"logprob": -0.1}] * 64}, "finish_reason": "stop"}]}  # fmt: skip
 
     return up
+
+
+def fill(mnt: Path) -> Path:
+    """Write zeros until the file system says ENOSPC; returns the filler file."""
+    filler = mnt / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler

@@ -149,24 +149,29 @@ def test_sqlite_process_records_a_row_per_response_beside_sqlite_gc(tmp_path):
 
 
 @pytest.mark.slow
-def test_sqlite_build_records_a_row_per_response_through_its_builder_beside_sqlite_gc(tmp_path):
+def test_sqlite_build_and_sqlite_record_record_a_row_per_response_beside_sqlite_gc(tmp_path):
     """patches/trinity-proxy-build-processes.patch in the benchmark: sqlite-build's proxy has one experience builder,
-    measured once it is ready, whose CPU is reported beside the proxy's; sqlite-gc's has none (the variable at 0)."""
+    sqlite-record's one recording process (it commits the rows), each measured once it is ready, its CPU reported
+    beside the proxy's; sqlite-gc's has neither (the variables at 0). One row a response in every variant."""
     import proxy_overhead as po
 
-    if not po.recorder_patch_installed(po.BUILD_VAR):  # a Trinity without the patch: refused with one sentence
-        r = overhead(tmp_path / "refused.json", "sqlite-build", 8, 24, 5)
+    if not po.recorder_patch_installed(po.RECORD_VAR):  # a Trinity without the patch: refused with one sentence
+        r = overhead(tmp_path / "refused.json", "sqlite-record", 8, 24, 5)
         assert r.returncode == 2 and "need the build-processes patch" in r.stderr and "Traceback" not in r.stderr
         return
-    res = beside_sqlite_gc(tmp_path, "sqlite-build")
+    res = beside_sqlite_gc(tmp_path, "sqlite-build", "sqlite-record")
     if res is None:
         return
-    assert res["runs"]["sqlite-build"]["recorder_cpu_ms_per_response"] > 0
+    for v in ("sqlite-build", "sqlite-record"):
+        assert res["runs"][v]["recorder_cpu_ms_per_response"] > 0
     assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
     logs = tmp_path / "beside-logs"
     build = (logs / "proxy-sqlite-build.log").read_text()
     assert "Experience builders: 1 processes (RFTSTACK_PROXY_BUILD_PROCESSES=1, rftstack patch)" in build
-    assert len(re.findall(r"Experience builder \d+ ready", build)) == 1
+    assert len(re.findall(r"Experience builder \d+ ready", build)) == 1 and "Experience recorder" not in build
+    record = (logs / "proxy-sqlite-record.log").read_text()
+    assert "Experience recorders: 1 processes (RFTSTACK_PROXY_RECORD_PROCESSES=1, rftstack patch)" in record
+    assert len(re.findall(r"Experience recorder \d+ ready", record)) == 1 and "Experience builder" not in record
     assert "Experience builders:" not in (logs / "proxy-sqlite-gc.log").read_text()
 
 

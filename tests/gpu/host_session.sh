@@ -47,6 +47,8 @@
 #   proxy3b-build  bare, trinity (today's defaults: the experiences built on the proxy's loop) and trinity-build
 #              (RFTSTACK_PROXY_BUILD_PROCESSES=auto: 4 experience builder processes on the host's 16 CPUs), long levels as
 #              in proxy3b-long; then trinity-build and bare again in the other order (labels qwen3b-build1, qwen3b-build2)
+#   proxy3b-record  the same with trinity-record (RFTSTACK_PROXY_RECORD_PROCESSES=auto: 4 recording processes that build,
+#              serialize and commit the experiences) in place of trinity-build (labels qwen3b-record1, qwen3b-record2)
 #   proxy3b-long-fork  the same with trinity-mp-fork (the mp executor whose EngineCore forks its worker,
 #              RFTSTACK_VLLM_FORK_WORKERS=1) in place of trinity-mp: the configuration a switched default would serve
 #   proxy3b-c32  where the c=32 gap on today's defaults lies (session P: 0.84, the median answer 56 ms later than
@@ -86,6 +88,8 @@
 #   proxycpu-build  bench/proxy_overhead.py on this host's CPU before the 0.27 s TEST DOUBLE: the experiences built
 #              by four builder processes (sqlite-build4, patches/trinity-proxy-build-processes.patch) and on the proxy's
 #              loop (sqlite-gc, today's default), in that order; BUILD_LEVELS (32,64) and BUILD_REQUESTS (1024) a level
+#   proxycpu-record  the same for the recording processes: sqlite-record4, sqlite-gc, sqlite-build4, then in the other
+#              order (proxy-overhead-host-record{1,2}.json); RECORD_LEVELS (32,64) and RECORD_REQUESTS (1024) a level
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
@@ -187,6 +191,11 @@ for step in "${steps[@]}"; do
                      --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
                      --budget-s 900 || break
                  done ;;
+        proxy3b-record) for order in 1:bare,trinity-record,trinity 2:trinity-record,bare; do
+                   bench --model /tmp/bench/qwen3b --label "qwen3b-record${order%%:*}" --phases "${order#*:}" \
+                     --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
+                     --budget-s 900 || break
+                 done ;;
         proxy3b-long-fork) bench --model /tmp/bench/qwen3b --label qwen3b-long-fork --phases bare,trinity,trinity-mp-fork \
                  --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 --budget-s 1200 ;;
         profile3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/profile-qwen3b.json" \
@@ -215,6 +224,11 @@ for step in "${steps[@]}"; do
         proxycpu-build) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-build.json" \
                  --variants sqlite-build4,sqlite-gc --concurrency "${BUILD_LEVELS:-32,64}" --requests "${BUILD_REQUESTS:-1024}" \
                  --upstream-delay-s 0.27 ;;
+        proxycpu-record) for order in 1:sqlite-record4,sqlite-gc,sqlite-build4 2:sqlite-build4,sqlite-gc,sqlite-record4; do
+                   python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-record${order%%:*}.json" \
+                     --variants "${order#*:}" --concurrency "${RECORD_LEVELS:-32,64}" --requests "${RECORD_REQUESTS:-1024}" \
+                     --upstream-delay-s 0.27 || break
+                 done ;;
         ready) bench --model /tmp/bench/tiny --label tiny-warm --phases bare,trinity,manual --ready-only --budget-s 900 ;;
         ready-3b) bench --model /tmp/bench/qwen3b --label qwen3b-warm --phases bare,trinity,trinity-cold,manual --ready-only --budget-s 900 ;;
         ready-3b-fork) bench --model /tmp/bench/qwen3b --label qwen3b-warm-fork --phases bare,trinity,trinity-mp,trinity-mp-fork \

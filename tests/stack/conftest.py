@@ -4,6 +4,7 @@ package, original and with the policy's stream-record patch."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,17 @@ def site_without_marks(tmp_path_factory) -> Path:
     site = policy_chain_site(tmp_path_factory, "no-marks", leave_out="trinity-proxy-commit-marks.patch")
     assert "restore_uncommitted" not in (site / "trinity/explorer/proxy/service.py").read_text()
     return site
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A 256 KiB tmpfs under ``tmp_path`` (skipped where it cannot be mounted: it needs root), unmounted after."""
+    mnt = tmp_path / "store"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or r.returncode}); needs root")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

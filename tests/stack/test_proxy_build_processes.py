@@ -1,9 +1,10 @@
 """patches/trinity-proxy-build-processes.patch: the experiences of an answer built and serialized in
-builder processes beside the proxy's (RFTSTACK_PROXY_BUILD_PROCESSES).
+builder processes beside the proxy's (RFTSTACK_PROXY_BUILD_PROCESSES), or built, serialized and committed
+by recording processes (RFTSTACK_PROXY_RECORD_PROCESSES).
 
 Trinity's REAL proxy app, ExplorerService.record_experience and HistoryRecorder (SQLite) in a child
 process (tests/doubles/trinity_proxy_host.py), the installed trinity with the policy's patches, and
-real builder processes (python -m trinity.explorer.proxy.recorder); upstream is the vLLM 0.23.0 TEST
+real builder and recording processes (recorder.py run as a script); upstream is the vLLM 0.23.0 TEST
 DOUBLE (tests/doubles/vllm_stream_double.py).
 """
 
@@ -21,9 +22,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from proxy_helpers import Proxy, assert_intact, stored
+from proxy_helpers import Proxy, assert_intact, fill, stored
 
 VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"
+RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"
+MODES = {"builders": VAR, "recorders": RECORD_VAR}  # the processes' kind: the variable that starts them
+DOING = {"builders": ("builder", "built"), "recorders": ("recorder", "recorded")}  # in the 503's sentence
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,12 +55,30 @@ def test_switch_values():
     for bad in ("yes", "-1", "1.5", "33", ""):
         with pytest.raises(ValueError, match=f"{VAR} must be 0 .* not {re.escape(repr(bad.strip()))}"):
             recorder.build_processes({VAR: bad})
+        with pytest.raises(ValueError, match=f"{RECORD_VAR} must be 0 .* not {re.escape(repr(bad.strip()))}"):
+            recorder.record_processes({RECORD_VAR: bad})
+    assert recorder.record_processes({}, cpus=16) == 0
+    assert recorder.record_processes({RECORD_VAR: "auto"}, cpus=8) == 2
+    assert recorder.record_processes({RECORD_VAR: "4", VAR: "0"}, cpus=2) == 4
+    with pytest.raises(ValueError, match=f"{VAR} and {RECORD_VAR} are both set; .*: set one of them"):
+        recorder.record_processes({RECORD_VAR: "2", VAR: "auto"}, cpus=16)
 
 
 ANSWER = {"id": "chatcmpl-unit", "prompt_token_ids": [5, 6, 7],
           "choices": [{"token_ids": [8, 9], "rftstack_logprobs": [-0.5, -0.25]},
                       {"token_ids": [10], "logprobs": {"content": [{"logprob": -1.5}]}},
                       {"token_ids": [11], "logprobs": None}]}  # fmt: skip
+
+
+async def started(process) -> None:
+    """Connect to a builder or recording process and wait until it says it is ready."""
+    import asyncio
+
+    await process.connect()
+    end = time.monotonic() + 180
+    while not process.ready:
+        assert time.monotonic() < end and process.process.poll() is None, f"the {process.what} did not start"
+        await asyncio.sleep(0.1)
 
 
 def test_a_builder_gives_what_the_proxy_would_build_and_raises_what_it_would_raise():
@@ -71,11 +93,7 @@ def test_a_builder_gives_what_the_proxy_would_build_and_raises_what_it_would_rai
     async def go() -> None:
         builder = recorder._Builder()
         try:
-            await builder.connect()
-            end = time.monotonic() + 180
-            while not builder.ready:
-                assert time.monotonic() < end and builder.process.poll() is None, "the builder did not start"
-                await asyncio.sleep(0.1)
+            await started(builder)
             built = await builder.build(ANSWER, 7)
             own = recorder.experiences_of(ANSWER, 7)
             assert len(built) == len(own) == 3
@@ -100,6 +118,46 @@ def test_a_builder_gives_what_the_proxy_would_build_and_raises_what_it_would_rai
     asyncio.run(go())
 
 
+def test_a_recording_process_commits_what_the_proxy_would_and_raises_what_it_would_raise(tmp_path):
+    """One real recording process on an SQLite file, driven as the proxy drives it: the rows it commits
+    hold the experiences the service's own building gives; an answer it cannot build raises the loop's
+    exception; a write its store refuses raises the sqlite3.OperationalError with SQLite's words (what the
+    store-errors patch answers with its sentence), nothing committed for either."""
+    import asyncio
+    import sqlite3
+
+    from trinity.explorer.proxy import recorder
+
+    db = tmp_path / "history.db"
+
+    async def go() -> None:
+        process = recorder._RecordingProcess({"RFTSTACK_PROXY_RECORD_DB_URL": f"sqlite:///{db}",
+                                              "RFTSTACK_PROXY_RECORD_TABLE": "proxy_history"})
+        try:
+            await started(process)
+            assert await process.build(ANSWER, 7) == 3
+            check, rows = stored(db)
+            assert check == "ok" and list(rows) == ["chatcmpl-unit"]
+            own = recorder.experiences_of(ANSWER, 7)
+            assert [(r["exp"].tokens.tolist(), r["exp"].logprobs.tolist(), r["exp"].prompt_length, r["exp"].info) for r in rows["chatcmpl-unit"]] == [
+                (e.tokens.tolist(), e.logprobs.tolist(), e.prompt_length, e.info) for e in own]
+            with pytest.raises(KeyError, match="prompt_token_ids"):
+                await process.build({"id": "x", "choices": [{"token_ids": [1]}]}, 0)
+            con = sqlite3.connect(db)
+            con.execute("drop table proxy_history_blob")  # the store now refuses every write
+            con.commit()
+            con.close()
+            with pytest.raises(sqlite3.OperationalError, match="^no such table: proxy_history_blob$"):
+                await process.build(dict(ANSWER, id="refused"), 1)
+            assert [m for (m,) in sqlite3.connect(db).execute("select msg_id from proxy_history")] == ["chatcmpl-unit"] * 3
+            assert process.ready and process.gone is None
+        finally:
+            process.socket.close()
+            process.process.wait(timeout=30)
+
+    asyncio.run(go())
+
+
 def test_its_building_is_the_services_own():
     """experiences_of, which the builders run, against ExplorerService.record_experience with the builders
     off: the same experiences (the copy in recorder.py must follow the service's code)."""
@@ -117,16 +175,21 @@ def test_its_building_is_the_services_own():
         (e.tokens.tolist(), e.logprobs.tolist(), e.prompt_length, e.eid.suffix, e.info) for e in mine]
 
 
-def test_a_bad_value_stops_the_proxy_with_one_sentence(double, tmp_path):
+@pytest.mark.parametrize("env, sentence", [
+    ({VAR: "many"}, f"{VAR} must be 0 (the experiences built in the proxy's loop, as upstream Trinity, the default), auto"),
+    ({RECORD_VAR: "2", VAR: "2"}, f"{VAR} and {RECORD_VAR} are both set; recording processes build the experiences too: set one of them"),
+], ids=["bad-value", "both-set"])
+def test_a_bad_value_stops_the_proxy_with_one_sentence(double, tmp_path, env, sentence):
     with pytest.raises(RuntimeError, match="the proxy exited") as e:
-        Proxy(double.base_url, tmp_path / "proxy", None, env={VAR: "many"})
-    assert f"{VAR} must be 0 (the experiences built in the proxy's loop, as upstream Trinity, the default), auto" in str(e.value)
+        Proxy(double.base_url, tmp_path / "proxy", None, env=env)
+    assert sentence in str(e.value)
 
 
-def test_answers_wait_for_their_builder_and_are_committed_before_they_return(double, tmp_path):
-    """With the builders stopped (SIGSTOP) an answer is neither returned nor recorded; once they go on,
-    it is both. Plain and streamed answers, each row whole (prompt, completion, logprobs as sent)."""
-    px = Proxy(double.base_url, tmp_path / "proxy", None, env={VAR: "2"})
+@pytest.mark.parametrize("kind", MODES)
+def test_answers_wait_for_their_builder_and_are_committed_before_they_return(double, tmp_path, kind):
+    """With the builders (or recorders) stopped (SIGSTOP) an answer is neither returned nor recorded; once
+    they go on, it is both. Plain and streamed answers, each row whole (prompt, completion, logprobs as sent)."""
+    px = Proxy(double.base_url, tmp_path / "proxy", None, env={MODES[kind]: "2"})
     try:
         pids = px.builders  # started with the proxy; Proxy waited until they were ready
         first = chat(px, "through a builder")
@@ -156,10 +219,11 @@ def test_answers_wait_for_their_builder_and_are_committed_before_they_return(dou
         px.stop()
 
 
-def test_a_builder_that_dies_fails_its_answer_and_the_next_ones_are_recorded(double, tmp_path):
-    """SIGKILL of the builder holding an answer: that answer is not returned and not recorded (an error);
-    later answers are recorded by the builder left, then by the proxy itself once none is left."""
-    px = Proxy(double.base_url, tmp_path / "proxy", None, env={VAR: "2"})
+@pytest.mark.parametrize("kind", MODES)
+def test_a_builder_that_dies_fails_its_answer_and_the_next_ones_are_recorded(double, tmp_path, kind):
+    """SIGKILL of the builder (or recorder) holding an answer: that answer is not returned and not recorded
+    (an error); later answers are recorded by the proxy itself once none is left."""
+    px = Proxy(double.base_url, tmp_path / "proxy", None, env={MODES[kind]: "2"})
     try:
         pids = px.builders
         first = chat(px, "through a builder")
@@ -173,19 +237,26 @@ def test_a_builder_that_dies_fails_its_answer_and_the_next_ones_are_recorded(dou
             with pytest.raises(openai.APIStatusError) as e:
                 held.result(timeout=60)
         assert e.value.status_code == 503, repr(e.value)
-        assert re.fullmatch(r"the proxy's experience builder process \d+ ended before it built this response's experience, "
+        what, done = DOING[kind]
+        assert re.fullmatch(rf"the proxy's experience {what} process \d+ ended before it {done} this response's experience, "
                             r"so this response was not recorded and is not returned; retry it", e.value.body["message"]), e.value.body
+        end_s = time.monotonic() + 30
+        while any(alive(pid) for pid in pids):  # an ended process the proxy has not heard of yet may be picked
+            assert time.monotonic() < end_s, "a killed process did not end"
+            time.sleep(0.05)
         later = [chat(px, f"after {i}") for i in range(3)]  # no builder left: built in the proxy's loop
         assert px.rows() == [first, *later]
     finally:
         px.stop()
 
 
+@pytest.mark.parametrize("kind", MODES)
 @pytest.mark.parametrize("end", ["kill9-proxy-alone", "ctrl-c-to-the-group"])
-def test_the_builders_end_with_the_proxy_however_it_ends(double, tmp_path, end):
+def test_the_builders_end_with_the_proxy_however_it_ends(double, tmp_path, end, kind):
     """SIGKILL of the proxy's process alone (not its group): its builders see their socket close and end.
-    SIGINT to the whole group (a Ctrl-C): the builders ignore it and end once the proxy has ended."""
-    px = Proxy(double.base_url, tmp_path / "proxy", None, env={VAR: "2"})
+    SIGINT to the whole group (a Ctrl-C): the builders ignore it and end once the proxy has ended. The
+    same for recorders."""
+    px = Proxy(double.base_url, tmp_path / "proxy", None, env={MODES[kind]: "2"})
     try:
         pids = px.builders
         chat(px, "through a builder")
@@ -203,15 +274,55 @@ def test_the_builders_end_with_the_proxy_however_it_ends(double, tmp_path, end):
         px.stop()
 
 
-DURABILITY = [
-    "tests/stack/test_crash_durability.py::test_kill9_mid_burst_keeps_every_response_the_client_received",
-    "tests/stack/test_store_full.py",
-]
+@pytest.mark.parametrize("kind", MODES)
+def test_a_full_store_is_answered_with_the_stores_sentence_once_the_processes_are_ready(double, tmp_path, full_fs, kind):
+    """The proxy's table on a full disk (a 256 KiB tmpfs) while the builders or recorders are ready, so every
+    answer goes through them: the answer that cannot be written gets the store-errors patch's 507 and its
+    sentence, nothing of it is recorded, and once space is freed the next one is. With recorders the write
+    that fails is the recording process's, and its SQLite words reach the sentence."""
+    import sqlite3
+
+    work = tmp_path / "proxy"
+    work.mkdir()
+    db = work / "proxy_history.db"
+    db.symlink_to(full_fs / "proxy_history.db")  # the table on the small disk, the proxy's log beside it not
+    px = Proxy(double.base_url, work, None, env={MODES[kind]: "2"})
+    try:
+        assert len(px.builders) == 2
+        before = [chat(px, f"before {i}") for i in range(3)]
+        filler = fill(full_fs)
+        refused = None
+        for i in range(40):  # what SQLite keeps free inside its file first, then the disk is full
+            try:
+                before.append(chat(px, f"on the full disk {i}", max_tokens=60))
+            except openai.APIStatusError as exc:
+                refused = exc
+                break
+        assert refused is not None, "every answer was recorded on a full disk"
+        assert refused.status_code == 507, repr(refused)
+        assert refused.body["message"] == (
+            f"the experience store is full (database or disk is full: sqlite:///{db}), so this response was not "
+            "recorded and is not returned; free space on that disk or point explorer.db_url elsewhere, then retry")
+        rows = [m for (m,) in sqlite3.connect(db).execute("select msg_id from proxy_history order by id")]
+        assert rows == before
+        os.remove(filler)
+        after = chat(px, "after the disk was freed")
+        assert px.rows() == [*before, after]
+        assert all(alive(pid) for pid in px.builders)
+    finally:
+        px.stop()
 
 
-def test_the_durability_and_store_full_tests_pass_unchanged_with_builders():
-    """Those tests as they are, in a pytest of their own whose proxies run two builder processes."""
+# test_store_full.py drives the app in this process (no lifespan): its answers come before any process is ready,
+# so they are the proxy's own; the full store through the processes is the test above
+DURABILITY = ["tests/stack/test_crash_durability.py::test_kill9_mid_burst_keeps_every_response_the_client_received"]
+
+
+@pytest.mark.parametrize("kind", MODES)
+def test_the_durability_test_passes_unchanged_with_builders(kind):
+    """That test as it is, in a pytest of its own whose proxies run two builder (or recording) processes, every
+    answer of it through them (the test's Proxy waits until they are ready)."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DURABILITY], cwd=ROOT,
-                       env={**os.environ, VAR: "2"}, capture_output=True, text=True, timeout=1500)  # fmt: skip
+                       env={**os.environ, MODES[kind]: "2"}, capture_output=True, text=True, timeout=1500)  # fmt: skip
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     assert re.search(r"\d+ passed", r.stdout) and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]

@@ -11,47 +11,20 @@ Needs root (mount); skipped otherwise.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from proxy_helpers import Service, load_app, upstream
+from proxy_helpers import Service, fill, load_app, upstream
 
 from doubles.vllm_stream_double import VLLMStreamDouble
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def full_fs(tmp_path):
-    mnt = tmp_path / "store"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or r.returncode}); needs root")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def fill(mnt: Path) -> Path:
-    """Write zeros until the file system says ENOSPC; returns the filler file."""
-    filler = mnt / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    return filler
 
 
 def rows(db: Path) -> list[tuple[str, float | None]]:
