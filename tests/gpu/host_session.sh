@@ -14,7 +14,10 @@
 #   rl-mp      the same with the mp executor and RFTSTACK_VLLM_FORK_WORKERS=0 (the worker spawned, as upstream)
 #   rl-mp-fork the same with both variables spelled out as the defaults (mp, RFTSTACK_VLLM_FORK_WORKERS=1):
 #              the step that measured the defaults before they were switched (session N)
+#   rl-record  the same with RFTSTACK_PROXY_RECORD_PROCESSES=auto (the experiences recorded by 4 processes beside
+#              the proxy, patches/trinity-proxy-build-processes.patch)
 #   train      tests/gpu/test_train_loop_gpu.py     serve + rftstack train (verl) on one GPU: 2 steps, 2 reloads
+#   train-record  the same with RFTSTACK_PROXY_RECORD_PROCESSES=auto: the trainer's data recorded by those processes
 #   train-lora the same with LoRA rank 16 (both configs' model.lora_configs; vLLM's runtime LoRA)
 #   train-3b-lora, train-3b  the same on the Qwen2.5-3B shape, LoRA 16 / full: the trainer's peak GPU memory
 #              (train_loop-qwen3b-lora16.json, train_loop-qwen3b.json) for docs/train.md's 48 GB table
@@ -150,7 +153,9 @@ for step in "${steps[@]}"; do
         rl-uni) RFTSTACK_ENGINE_EXECUTOR=uni pytest_gpu rl-uni test_rl_loop_gpu.py ;;
         rl-mp) RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=0 pytest_gpu rl-mp test_rl_loop_gpu.py ;;
         rl-mp-fork) RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1 pytest_gpu rl-mp-fork test_rl_loop_gpu.py ;;
+        rl-record) RFTSTACK_PROXY_RECORD_PROCESSES=auto pytest_gpu rl-record test_rl_loop_gpu.py ;;
         train) pytest_gpu train test_train_loop_gpu.py ;;
+        train-record) RFTSTACK_PROXY_RECORD_PROCESSES=auto pytest_gpu train-record test_train_loop_gpu.py ;;
         train-lora) RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-lora test_train_loop_gpu.py ;;
         train-3b-lora) wait; RFTSTACK_TRAIN_MODEL=/tmp/bench/qwen3b RFTSTACK_TRAIN_LORA_RANK=16 pytest_gpu train-3b-lora test_train_loop_gpu.py ;;
         train-3b) wait; RFTSTACK_TRAIN_MODEL=/tmp/bench/qwen3b pytest_gpu train-3b test_train_loop_gpu.py ;;
