@@ -5,6 +5,10 @@ once, as it would in a longer run).
 
     python bench/run_spread.py bench/results/gpu-X/serve-qwen3b-long.json bench/results/gpu-Y/serve-qwen3b-abba1.json ...
     python bench/run_spread.py --json RUN.json RUN.json ...
+    python bench/run_spread.py --each RUN.json:PHASE RUN.json:PHASE ...
+
+--each: one column per run and phase (a switched phase such as trinity-record, or trinity), each against the
+bare phase of its own run; a figure a run lacks (no spread levels) is "-"; no range, no pooled value.
 
 Each run needs the `bare` and `trinity` phases with equal lengths at c=32 and c=64 and spread lengths at
 c=32 and c=64 (`--spread 0.75 --spread-levels 32,64`). The Summary table (bench/summary_table.py) is one
@@ -62,11 +66,50 @@ def table(runs: list[tuple[str, dict]], figures: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def each(entries: list[tuple[str, str, dict]]) -> str:
+    """The --each table: (path, phase, result) per column, every figure against that run's bare."""
+    head = "| figure | " + " | ".join(f"{r.get('label', '?')} {phase}" for _, phase, r in entries) + " |"
+    out = [head, "|---" * (len(entries) + 1) + "|"]
+
+    def cell(fn) -> str:
+        try:
+            return f"{fn():.2f}"
+        except MissingFigure:
+            return "-"
+
+    for name, key, c in THROUGHPUT:
+        cells = [cell(lambda: _tok_s(r, phase, key, c, where) / _tok_s(r, "bare", key, c, where)) for where, phase, r in entries]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out.append(f"| {P99} | " + " | ".join(cell(lambda: p99_ratio(r, where, phase)) for where, phase, r in entries) + " |")
+    out.append("")
+    seen = dict.fromkeys(where for where, _, _ in entries)
+    runs = {where: r for where, _, r in entries}
+    out += [f"- `{where}`: {runs[where].get('label')}, started {runs[where].get('started')}" for where in seen]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="serve_vs_bare.py results with bare and trinity load runs")
     ap.add_argument("--json", action="store_true", help="the figures as JSON instead of a markdown table")
+    ap.add_argument("--each", action="store_true", help="RUNS are RUN.json:PHASE: one column each, against its run's bare")
     args = ap.parse_args(argv)
+    if args.each:
+        try:
+            entries = []
+            for spec in args.runs:
+                path, sep, phase = spec.rpartition(":")
+                if not sep or not phase:
+                    raise MissingFigure(f"{spec!r} is not RUN.json:PHASE; name the phase after a colon")
+                result = json.loads(Path(path).read_text())
+                _phase(result, phase, path)
+                _phase(result, "bare", path)
+                entries.append((path, phase, result))
+        except (OSError, json.JSONDecodeError, MissingFigure) as exc:
+            print(f"run_spread: {exc}", file=sys.stderr)
+            return 2
+        sys.stdout.write(each(entries))
+        return 0
     try:
         runs = [(p, json.loads(Path(p).read_text())) for p in args.runs]
         figures = spread(runs)

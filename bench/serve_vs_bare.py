@@ -38,6 +38,9 @@ Phases (each hard time-bounded, processes always stopped, results written after 
   trinity-record
            the same with RFTSTACK_PROXY_RECORD_PROCESSES=auto (the same patch's recording processes: the
            experiences built, serialized and committed by them, one for every 4 CPUs, at most 4)
+  trinity-record1
+           the same with one recording process (RFTSTACK_PROXY_RECORD_PROCESSES=1): no second process
+           waits for SQLite's write lock
   trinity-cold
            time to ready of `rftstack serve` with RFTSTACK_WARM_WORKERS=0 (its own Ray head without
            warm workers, Trinity's job with its runtime_env: every actor in a new process, as plain
@@ -106,6 +109,7 @@ SWITCHED = {
     "trinity-uni": {EXECUTOR_VAR: "uni"},  # vLLM's uni executor (the default until session N)
     "trinity-build": {BUILD_VAR: "auto"},
     "trinity-record": {RECORD_VAR: "auto"},
+    "trinity-record1": {RECORD_VAR: "1"},
     "trinity-cold": {WARM_VAR: "0"},
 }
 LOADED = ("trinity", *(n for n in SWITCHED if n != "trinity-cold"))  # the phases that get the proxy's load

@@ -51,10 +51,10 @@ def _throughput(result: dict, key: str, concurrency: int, where: str) -> float:
     return proxy / bare
 
 
-def p99_ratio(result: dict, where: str) -> float:
-    """The proxy's p99 latency over bare's, equal lengths at c=32."""
+def p99_ratio(result: dict, where: str, phase: str = "trinity") -> float:
+    """The proxy's (``phase``'s) p99 latency over bare's, equal lengths at c=32."""
     bare = _level(_phase(result, "bare", where), "load", 32, where)["latency_s"]["p99"]
-    proxy = _level(_phase(result, "trinity", where), "load", 32, where)["latency_s"]["p99"]
+    proxy = _level(_phase(result, phase, where), "load", 32, where)["latency_s"]["p99"]
     return proxy / bare
 
 

@@ -79,6 +79,14 @@ BUILD_RUNS = ("proxy-overhead-cpu-build.json", "proxy-overhead-cpu-build-reverse
 BUILD_LABELS = {"sqlite-gc": LABELS["sqlite-gc"], "sqlite-build": "one experience builder (`sqlite-build`)",
                 "sqlite-process": LABELS["sqlite-process"]}
 
+# session U: the patch's recording processes, on the CPU machine (two orders) and on the GPU host's CPU (two orders)
+RECORD_RUNS = ("proxy-overhead-cpu-record1.json", "proxy-overhead-cpu-record2.json")
+RECORD_LABELS = {"sqlite-gc": LABELS["sqlite-gc"], "sqlite-record": "one recording process, the patch (`sqlite-record`)",
+                 "sqlite-process": LABELS["sqlite-process"]}
+HOST_RECORD_RUNS = ("gpu-2026-12-04u/proxy-overhead-host-record1.json", "gpu-2026-12-04u/proxy-overhead-host-record2.json")
+HOST_RECORD_LABELS = {"sqlite-gc": LABELS["sqlite-gc"], "sqlite-build4": "four experience builders (`sqlite-build4`)",
+                      "sqlite-record4": "four recording processes, the patch (`sqlite-record4`)"}
+
 
 def process_table(results: Path, runs: tuple[str, ...] = RUNS, labels: dict[str, str] = LABELS) -> str:
     """docs/benchmarks.md's table of the sqlite-process runs, computed from their result files."""
@@ -99,8 +107,10 @@ def process_table(results: Path, runs: tuple[str, ...] = RUNS, labels: dict[str,
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("runs, labels", [(RUNS, LABELS), (HOST_RUNS, HOST_LABELS), (BUILD_RUNS, BUILD_LABELS)],
-                         ids=["cpu-machine", "gpu-host-cpu", "cpu-machine-builders"])  # fmt: skip
+@pytest.mark.parametrize("runs, labels", [(RUNS, LABELS), (HOST_RUNS, HOST_LABELS), (BUILD_RUNS, BUILD_LABELS),
+                                         (RECORD_RUNS, RECORD_LABELS), (HOST_RECORD_RUNS, HOST_RECORD_LABELS)],
+                         ids=["cpu-machine", "gpu-host-cpu", "cpu-machine-builders", "cpu-machine-recorders",
+                              "gpu-host-cpu-recorders"])  # fmt: skip
 def test_the_docs_tables_of_the_recorder_process_are_what_the_result_files_hold(runs, labels):
     table = process_table(REPO / "bench" / "results", runs, labels)
     assert table in (REPO / "docs" / "benchmarks.md").read_text(), "docs/benchmarks.md should hold:\n" + table

@@ -75,3 +75,33 @@ def test_json_output_names_the_runs(capsys):
     assert len(out["runs"]) == len(runs)
     assert out["figures"]["p99 proxy/bare c=32"]["pooled"] is None
     assert len(out["figures"]["proxy/bare c=64 equal"]["runs"]) == len(runs)
+
+
+RECORD_RUNS = "bench/results/gpu-2026-12-04u"
+EACH = [f"{RECORD_RUNS}/serve-qwen3b-record1.json:trinity", f"{RECORD_RUNS}/serve-qwen3b-record1.json:trinity-record",
+        f"{RECORD_RUNS}/serve-qwen3b-record2.json:trinity-record", f"{RECORD_RUNS}/serve-qwen3b-record-one.json:trinity-record1"]
+
+
+def test_the_recording_processes_serve_table_is_what_each_computes(capsys):
+    """docs/benchmarks.md's serve-mode table of the recording processes (session U): one column per run and phase,
+    each against its own run's bare; the run without spread levels shows "-" there."""
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the table names the files as given, relative to the repository
+    try:
+        assert run_spread.main(["--each", *EACH]) == 0
+    finally:
+        os.chdir(cwd)
+    out = capsys.readouterr().out
+    assert "| proxy/bare c=64 spread | 0.75 | 0.60 | 0.67 | - |" in out
+    assert out in DOC.read_text(), "docs/benchmarks.md should hold:\n" + out
+
+
+def test_each_without_a_phase_or_with_an_unknown_one_is_one_sentence(capsys):
+    assert run_spread.main(["--each", str(REPO / RECORD_RUNS / "serve-qwen3b-record1.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "is not RUN.json:PHASE; name the phase after a colon" in err
+    assert run_spread.main(["--each", f"{REPO / RECORD_RUNS / 'serve-qwen3b-record2.json'}:trinity"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "has no 'trinity' phase" in err

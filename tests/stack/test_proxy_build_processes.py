@@ -11,12 +11,14 @@ DOUBLE (tests/doubles/vllm_stream_double.py).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -206,6 +208,10 @@ def test_answers_wait_for_their_builder_and_are_committed_before_they_return(dou
             ids = [f.result(timeout=60) for f in held]
         check, rows = stored(px.db)
         assert check == "ok" and sorted(rows) == sorted([first, *ids])
+        # the service's count, as /metrics reports it: each answer counted once, those released together too
+        # (a count read before the process's answer and written after it lost three of these four on the GPU host)
+        metrics = json.loads(urllib.request.urlopen(px.base + "/metrics", timeout=10).read())
+        assert metrics["rollout/total_experience_count"] == len(rows) == 5, metrics
         for rid in [first, *ids]:
             assert len(rows[rid]) == 1
             assert_intact(rows[rid][0], double.sent[rid])
