@@ -3,6 +3,7 @@ paths, running Python and the CLI in a subprocess, and `rftstack serve` as a rea
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -150,3 +151,21 @@ def experience_reads(db: str | os.PathLike) -> tuple[dict[str, int], dict[int, l
         return consumed, steps
     finally:
         con.close()
+
+
+def fill(mnt: Path) -> Path:
+    """Write zeros until the file system says ENOSPC; returns the filler file."""
+    filler = mnt / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    with open(filler, "ab", buffering=0) as f:  # the last partial block
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler

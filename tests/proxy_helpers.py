@@ -5,7 +5,6 @@ and Trinity's proxy app in a child process (tests/doubles/trinity_proxy_host.py)
 from __future__ import annotations
 
 import asyncio
-import errno
 import importlib.util
 import itertools
 import json
@@ -276,15 +275,3 @@ def upstream() -> FastAPI:
                              "logprobs": {"content": [{"logprob": -0.1}] * 64}, "finish_reason": "stop"}]}  # fmt: skip
 
     return up
-
-
-def fill(mnt: Path) -> Path:
-    """Write zeros until the file system says ENOSPC; returns the filler file."""
-    filler = mnt / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    return filler

@@ -18,7 +18,6 @@ Run on the GPU host:  python3 -m pytest -v -s tests/gpu/test_faults_gpu.py
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ServeRun, ray_gcs_pid, trinity_driver_pids
+from helpers import ServeRun, fill, ray_gcs_pid, trinity_driver_pids
 from gpu_helpers import (
     assert_all_stopped,
     experience_rows,
@@ -232,24 +231,6 @@ def small_fs(tmp_path):
     finally:
         r = subprocess.run(["umount", "-l", str(mnt)], capture_output=True, text=True)
         print(f"umount {mnt}: rc {r.returncode} {r.stderr.strip()}")
-
-
-def fill(mnt: Path) -> Path:
-    """Write zeros until the file system says ENOSPC; returns the filler file."""
-    filler = mnt / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-    with open(filler, "ab", buffering=0) as f:  # the last partial block
-        try:
-            while True:
-                f.write(b"\0" * 512)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-    return filler
 
 
 def history(db: Path) -> list[tuple[str, float | None]]:

@@ -24,7 +24,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from proxy_helpers import Proxy, assert_intact, fill, stored
+from helpers import fill
+from proxy_helpers import Proxy, assert_intact, stored
 
 VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"
 RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"

@@ -20,7 +20,8 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from proxy_helpers import Service, fill, load_app, upstream
+from helpers import fill
+from proxy_helpers import Service, load_app, upstream
 
 from doubles.vllm_stream_double import VLLMStreamDouble
 
