@@ -8,6 +8,11 @@ thread is near 1.0 core is bound by that thread: an event loop, or the GIL).
 
     from proc_cpu import snapshot, window
     a = snapshot(); ...; b = snapshot(); window(a, b, wall_s)
+
+The machine as a whole (:func:`machine_snapshot`, :func:`machine_window`): /proc/stat's first line in cores
+(busy, idle, iowait, and steal: time the hypervisor ran something else while a vCPU wanted to run, which a
+Firecracker guest such as the GPU host can lose) and, where the cgroup v2 file is readable, the cgroup's CPU
+throttling (cpu.stat: periods throttled, ms throttled) with its limit (cpu.max).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
 PROC = Path("/proc")
+CGROUP = Path("/sys/fs/cgroup")
+# /proc/stat's cpu line, in order (proc(5)); guest and guest_nice are already counted in user and nice
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
 def stat_ticks(stat_text: str) -> int:
@@ -90,3 +98,58 @@ def find(snap: dict[int, dict], prefix: str) -> list[int]:
     if prefix.startswith("*"):
         return sorted(pid for pid, p in snap.items() if prefix[1:] in p["title"])
     return sorted(pid for pid, p in snap.items() if p["title"].startswith(prefix))
+
+
+def parse_proc_stat(text: str) -> dict[str, int]:
+    """The ticks of /proc/stat's aggregate ``cpu`` line, by :data:`STAT_FIELDS` name."""
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0] == "cpu":
+            values = [int(w) for w in words[1:1 + len(STAT_FIELDS)]]
+            return dict(zip(STAT_FIELDS, values + [0] * (len(STAT_FIELDS) - len(values))))
+    raise ValueError("no aggregate 'cpu' line in /proc/stat's text")
+
+
+def parse_cpu_stat(text: str) -> dict[str, int]:
+    """cgroup v2 ``cpu.stat``: {key: integer} (usage_usec, nr_periods, nr_throttled, throttled_usec, ...)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            out[key] = int(value)
+    return out
+
+
+def machine_snapshot(proc: Path = PROC, cgroup: Path = CGROUP) -> dict:
+    """/proc/stat's ticks, the CPU count, and the cgroup's cpu.stat and cpu.max where readable."""
+    snap: dict = {"stat": parse_proc_stat((proc / "stat").read_text()), "cpus": os.cpu_count() or 1}
+    try:
+        snap["cgroup"] = parse_cpu_stat((cgroup / "cpu.stat").read_text())
+        snap["cpu_max"] = (cgroup / "cpu.max").read_text().strip()
+    except OSError:
+        pass  # cgroup v1, or not mounted: no throttling figures
+    return snap
+
+
+def machine_window(before: dict, after: dict, wall_s: float) -> dict:
+    """Between two :func:`machine_snapshot` s: cores busy (user+nice+system+irq+softirq), idle, iowait and
+    steal, out of ``cpus``; with a cgroup, its periods throttled and ms throttled, and its limit."""
+    d = {k: (after["stat"][k] - before["stat"][k]) / TICK / wall_s for k in STAT_FIELDS}
+    out = {"cpus": after["cpus"],
+           "busy_cores": round(d["user"] + d["nice"] + d["system"] + d["irq"] + d["softirq"], 3),
+           "idle_cores": round(d["idle"], 3), "iowait_cores": round(d["iowait"], 3), "steal_cores": round(d["steal"], 3)}
+    if "cgroup" in before and "cgroup" in after:
+        cb, ca = before["cgroup"], after["cgroup"]
+        out["cgroup"] = {"cpu_max": after.get("cpu_max"),
+                         "periods": ca.get("nr_periods", 0) - cb.get("nr_periods", 0),
+                         "throttled_periods": ca.get("nr_throttled", 0) - cb.get("nr_throttled", 0),
+                         "throttled_ms": round((ca.get("throttled_usec", 0) - cb.get("throttled_usec", 0)) / 1000, 1)}
+    return out
+
+
+def machine_line(m: dict) -> str:
+    """One phrase for a log line: ``machine: 3.1 of 16 cores busy, steal 0.02, 0 ms throttled``."""
+    said = f"machine: {m['busy_cores']} of {m['cpus']} cores busy, steal {m['steal_cores']}"
+    if "cgroup" in m:
+        said += f", {m['cgroup']['throttled_ms']} ms throttled ({m['cgroup']['cpu_max']})"
+    return said

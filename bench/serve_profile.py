@@ -70,6 +70,7 @@ class Loop(pp.Load):
 def measured_window(loop: Loop, seconds: float, during=None) -> dict:
     """``seconds`` of the running loop (``during``, a callable, runs instead of the sleep): its rate and
     every process's CPU."""
+    m0 = proc_cpu.machine_snapshot()
     a = proc_cpu.snapshot()
     t0 = time.monotonic()
     extra = None
@@ -79,9 +80,11 @@ def measured_window(loop: Loop, seconds: float, during=None) -> dict:
         time.sleep(seconds)
     t1 = time.monotonic()
     b = proc_cpu.snapshot()
+    m1 = proc_cpu.machine_snapshot()
     out = loop.between(t0, t1)
     out["wall_s"] = round(t1 - t0, 2)
     out["processes"] = proc_cpu.window(a, b, t1 - t0, responses=out["responses"] or None)
+    out["machine"] = proc_cpu.machine_window(m0, m1, t1 - t0)
     if extra is not None:
         out["during"] = extra
     return out
@@ -220,6 +223,16 @@ def profile_and_say(ph: dict, base: str, model: str, args, out: Path, targets: l
     save()
 
 
+def with_engine_args(cfg: Path, engine_args: dict) -> None:
+    """Give the serve config's engine these vLLM engine arguments (Trinity's
+    ``explorer.rollout_model.extra_engine_args``, which its engine passes to AsyncEngineArgs)."""
+    import yaml
+
+    data = yaml.safe_load(cfg.read_text())
+    data["explorer"]["rollout_model"]["extra_engine_args"] = dict(engine_args)
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+
+
 def serve_phase(args, result: dict, out: Path, save) -> None:
     work = out.parent / f"{out.stem}-work"
     shutil.rmtree(work, ignore_errors=True)
@@ -228,11 +241,13 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
     cfg = svb.trinity_config(work / "serve.yaml", model=Path(args.model).resolve(), label=out.stem,
                              max_model_len=args.max_model_len, gpu_util=args.gpu_util, proxy_port=port,
                              ckpt=work / "ckpt", db_url=None)
+    if args.engine_args:
+        with_engine_args(cfg, args.engine_args)
     env = child_env()
     before = svb.listening_ports()
     proc = svb.Proc([sys.executable, "-m", "rftstack", "serve", "-c", str(cfg), "--run-dir", str(work / "run"), *args.serve_args.split()],
                     out.parent / f"{out.stem}-serve.log", env)
-    ph: dict = {"config": str(cfg)}
+    ph: dict = {"config": str(cfg), "engine_args": args.engine_args}
     result["serve"] = ph
     try:
         base = f"http://127.0.0.1:{port}"
@@ -281,23 +296,33 @@ def split_variant(words: list[str]) -> tuple[dict[str, str], list[str]]:
     return env, [w for w in words if not ENV_WORD.match(w)]
 
 
-def bare_phase(args, result: dict, out: Path, save, variant: str = "") -> None:
+def variant_names(extra: list[str], round_no: int = 1) -> tuple[str | None, str]:
+    """(its key under the result's ``bare_variants``, None for the first default run, which is ``bare``;
+    the suffix of its log's name): a variant's words, and " #N" / "-rN" from round 2 on."""
+    name = "-".join(a.lstrip("-").replace("=", "-") for a in extra)
+    if round_no == 1:
+        return (" ".join(extra) or None), name
+    return f"{' '.join(extra) or 'default'} #{round_no}", f"{name or 'default'}-r{round_no}"
+
+
+def bare_phase(args, result: dict, out: Path, save, variant: str = "", round_no: int = 1) -> None:
     """Bare ``vllm serve`` (with ``variant``'s extra arguments), plain and like the proxy at each level, each
-    window with the engine's own account from its /metrics (bench/engine_metrics.py)."""
+    window with the engine's own account from its /metrics (bench/engine_metrics.py). Round 2 and later
+    (``--rounds``) are kept under ``bare_variants`` as "VARIANT #N" ("default #2" for no arguments)."""
     port = svb.free_port()
     base = f"http://127.0.0.1:{port}"
     extra = bare_args(variant)
     env_extra, arg_extra = split_variant(extra)
     argv = ["vllm", "serve", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
             str(args.gpu_util), "--max-model-len", str(args.max_model_len), *arg_extra]
-    name = "-".join(a.lstrip("-").replace("=", "-") for a in extra)
+    key, name = variant_names(extra, round_no)
     proc = svb.Proc(argv, out.parent / f"{out.stem}-bare{'-' + name if name else ''}.log", {**child_env(), **env_extra})
-    ph: dict = {"argv": argv, "env": env_extra}
-    if extra:
-        result.setdefault("bare_variants", {})[" ".join(extra)] = ph
-    else:
+    ph: dict = {"argv": argv, "env": env_extra, "round": round_no}
+    if key is None:
         result["bare"] = ph
-    label = f"bare {' '.join(extra)}".strip()
+    else:
+        result.setdefault("bare_variants", {})[key] = ph
+    label = f"bare {' '.join(extra)}".strip() + (f" #{round_no}" if round_no > 1 else "")
     try:
         ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
         save()
@@ -332,8 +357,9 @@ def summary_line(w: dict) -> str:
                 f"e2e {eng['mean_s']['e2e_request_latency']} s, inference {eng['mean_s']['request_inference_time']} s")
     elif isinstance(eng, dict) and "error" in eng:
         said = f"; engine: {eng['error']}"
+    machine = f"; {proc_cpu.machine_line(w['machine'])}" if "machine" in w else ""
     return (f"{w['responses_per_s']} resp/s, p50 {w['latency_s']['p50']} s, p99 {w['latency_s']['p99']} s, errors {w['errors']}; "
-            f"{procs}{said}")
+            f"{procs}{said}{machine}")
 
 
 def say(msg: str) -> None:
@@ -356,10 +382,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --bare: ';'-separated extra `vllm serve` arguments, one bare run each, in order "
                          "(\"default\" or empty: none; NAME=VALUE words: its environment), "
                          "e.g. 'default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1'")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --bare: run the list of variants this many times, in order (A B A B for 2): "
+                         "how much one start of the same server differs from the next")
     ap.add_argument("--no-serve", action="store_true", help="skip `rftstack serve` (with --bare: bare runs only)")
     ap.add_argument("--numeric", action="store_true",
                     help="one more window per level with the proxy's fields and numeric logprobs, straight to the engine "
                          "and to bare (patches/vllm-logprobs-numeric.patch)")
+    ap.add_argument("--engine-args", default="",
+                    help="a JSON object of vLLM engine arguments for the serve's engine (Trinity's extra_engine_args), "
+                         "e.g. '{\"max_num_batched_tokens\": 8192, \"max_num_seqs\": 1024}'")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
     ap.add_argument("--gpu-util", type=float, default=0.6)
     ap.add_argument("--max-model-len", type=int, default=2048)
@@ -376,6 +408,17 @@ def main(argv: list[str] | None = None) -> int:
     args.variants = args.bare_variants.split(";") if args.bare_variants else [""]
     if args.no_serve and not args.bare:
         print("serve_profile: --no-serve leaves nothing to run; add --bare", file=sys.stderr)
+        return 2
+    try:
+        args.engine_args = json.loads(args.engine_args) if args.engine_args else {}
+    except ValueError:
+        args.engine_args = None
+    if not isinstance(args.engine_args, dict) or (args.engine_args and args.no_serve):
+        print("serve_profile: --engine-args must be a JSON object of engine arguments, and needs the serve "
+              "(drop --no-serve)", file=sys.stderr)
+        return 2
+    if args.rounds < 1 or (args.rounds > 1 and not args.bare):
+        print("serve_profile: --rounds must be 1 or more, and more than 1 only with --bare", file=sys.stderr)
         return 2
     if args.bare_variants and not args.bare:
         print("serve_profile: --bare-variants needs --bare", file=sys.stderr)
@@ -399,8 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_serve:
         serve_phase(args, result, out, save)
     if args.bare:
-        for variant in args.variants:
-            bare_phase(args, result, out, save, variant)
+        for round_no in range(1, args.rounds + 1):
+            for variant in args.variants:
+                bare_phase(args, result, out, save, variant, round_no)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     save()
     return 0

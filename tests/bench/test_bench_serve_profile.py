@@ -58,6 +58,71 @@ def test_window_finds_a_busy_thread_and_the_idle_rest(tmp_path):
         child.wait()
 
 
+def test_the_machine_window_counts_a_spinning_thread(tmp_path):
+    """/proc/stat over a window with one thread spinning: at least half a core busy, and busy + idle + iowait +
+    steal add up to the machine's CPUs (each tick is one of them)."""
+    (tmp_path / "spin.py").write_text(SPIN)
+    child = subprocess.Popen([sys.executable, str(tmp_path / "spin.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "go"
+        a = proc_cpu.machine_snapshot()
+        t0 = time.monotonic()
+        time.sleep(1.5)
+        b = proc_cpu.machine_snapshot()
+        m = proc_cpu.machine_window(a, b, time.monotonic() - t0)
+    finally:
+        child.kill()
+        child.wait()
+    assert m["cpus"] == os.cpu_count() and m["busy_cores"] >= 0.5
+    total = m["busy_cores"] + m["idle_cores"] + m["iowait_cores"] + m["steal_cores"]
+    assert total == pytest.approx(m["cpus"], rel=0.1)
+    assert proc_cpu.machine_line(m).startswith(f"machine: {m['busy_cores']} of {m['cpus']} cores busy, steal ")
+
+
+def test_the_machine_window_reads_steal_and_the_cgroups_throttling():
+    """The two files' formats (proc(5); the kernel's cgroup-v2 cpu.stat and cpu.max) as a 4-CPU guest with a
+    2-CPU limit writes them: steal and throttling come out in cores and ms."""
+    tick = proc_cpu.TICK
+    before = {"stat": proc_cpu.parse_proc_stat(f"cpu  {10 * tick} 0 {2 * tick} {20 * tick} 0 0 0 {tick} 0 0\ncpu0 1 2 3\n"),
+              "cpus": 4, "cgroup": proc_cpu.parse_cpu_stat("usage_usec 100\nnr_periods 10\nnr_throttled 1\nthrottled_usec 5000\n"),
+              "cpu_max": "200000 100000"}
+    after = {"stat": proc_cpu.parse_proc_stat(f"cpu  {13 * tick} 0 {3 * tick} {22 * tick} 0 0 0 {3 * tick} 0 0\n"),
+             "cpus": 4, "cgroup": proc_cpu.parse_cpu_stat("usage_usec 900\nnr_periods 20\nnr_throttled 7\nthrottled_usec 305000\n"),
+             "cpu_max": "200000 100000"}
+    m = proc_cpu.machine_window(before, after, 2.0)
+    assert m == {"cpus": 4, "busy_cores": 2.0, "idle_cores": 1.0, "iowait_cores": 0.0, "steal_cores": 1.0,
+                 "cgroup": {"cpu_max": "200000 100000", "periods": 10, "throttled_periods": 6, "throttled_ms": 300.0}}
+    assert proc_cpu.machine_line(m) == "machine: 2.0 of 4 cores busy, steal 1.0, 300.0 ms throttled (200000 100000)"
+    with pytest.raises(ValueError, match="no aggregate 'cpu' line"):
+        proc_cpu.parse_proc_stat("intr 1 2 3\n")
+
+
+def test_a_variant_run_again_is_kept_apart():
+    """--rounds: the first default run is `bare`, a variant its words; round 2 of each under its own key and log."""
+    assert sp.variant_names([]) == (None, "")
+    assert sp.variant_names(["--seed", "42"]) == ("--seed 42", "seed-42")
+    assert sp.variant_names([], 2) == ("default #2", "default-r2")
+    assert sp.variant_names(["--seed", "42"], 2) == ("--seed 42 #2", "seed-42-r2")
+
+
+def test_engine_args_reach_trinitys_engine_config(tmp_path):
+    """--engine-args lands in the serve config as Trinity's explorer.rollout_model.extra_engine_args, as Trinity's
+    own config loader reads it (the dict its engine unpacks into AsyncEngineArgs), the report's keys unchanged."""
+    from trinity.common.config import load_config
+
+    import serve_vs_bare as svb
+
+    cfg = svb.trinity_config(tmp_path / "serve.yaml", model=tmp_path, label="t", max_model_len=2048, gpu_util=0.6,
+                             proxy_port=8010, ckpt=tmp_path / "ckpt", db_url=None)
+    before = load_config(str(cfg))
+    sp.with_engine_args(cfg, {"max_num_batched_tokens": 8192, "max_num_seqs": 1024})
+    after = load_config(str(cfg))
+    assert after.explorer.rollout_model.extra_engine_args == {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    assert before.explorer.rollout_model.extra_engine_args == {}
+    assert after.explorer.proxy_port == before.explorer.proxy_port == 8010
+    assert after.model.max_model_len == before.model.max_model_len == 2048
+
+
 def test_a_process_gone_or_new_between_snapshots_is_left_out():
     a = proc_cpu.snapshot()
     child = subprocess.Popen([sys.executable, "-c", "sum(range(10**7))"])
@@ -76,6 +141,7 @@ def test_the_loop_window_counts_responses_and_latency(tmp_path):
         assert w["output_tokens_per_s"] == pytest.approx(8 * w["responses_per_s"], rel=0.05)
         assert 0 < w["latency_s"]["p50"] <= w["latency_s"]["p99"]
         assert w["processes"] and all(p["cpu_s"] > 0 for p in w["processes"])
+        assert w["machine"]["busy_cores"] > 0 and "; machine: " in sp.summary_line(w)
     finally:
         po.stop(double)
 
@@ -153,6 +219,11 @@ def test_thread_profile_picks_the_event_loop_thread(tmp_path):
     (["--concurrency", "0"], "--concurrency"),
     (["--window-s", "0"], "must be positive"),
     (["--py-spy", "no-such-py-spy-here"], "py-spy is not available"),
+    (["--rounds", "2"], "only with --bare"),
+    (["--engine-args", "max_num_seqs=1024"], "--engine-args must be a JSON object"),
+    (["--engine-args", "[1]"], "--engine-args must be a JSON object"),
+    (["--bare", "--no-serve", "--engine-args", '{"max_num_seqs": 1024}'], "needs the serve"),
+    (["--bare", "--rounds", "0"], "--rounds must be 1 or more"),
 ])
 def test_bad_input_is_one_sentence(tmp_path, argv, says):
     r = subprocess.run([sys.executable, str(REPO / "bench" / "serve_profile.py"), "--model", str(tmp_path),

@@ -82,6 +82,16 @@
 #   frontend3b-numeric-mpfork  its serve part only, with the mp executor and forked workers spelled out
 #              (RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1, the defaults since session N): proxy
 #              against engine direct there
+#   engine3b   bench/serve_profile.py on the 3B shape, 12 s windows with numeric logprobs: rftstack serve (proxy and its
+#              engine direct), then bare vLLM as it comes and bare with the engine arguments Trinity's engine runs with
+#              (TRINITY_ENGINE_ARGS: the batch sizes of vLLM's engine context, not its API server's; processed
+#              logprobs; seed 42; async scheduling; the mp executor), in two rounds (A B A B): is the engine's gap to
+#              bare with the same request its arguments, or the Ray actor it runs in? and how far one start of the same
+#              server lies from the next; every window with the machine's busy, steal and throttled CPU
+#   engine3b-batch  its serve part only, Trinity's engine given `vllm serve`'s batch sizes on this GPU (8192 tokens,
+#              1024 sequences a step, through the config's extra_engine_args): engine-batch-qwen3b.json
+#   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
+#              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
 #              sqlite-gc and hop-gc at c=32,64, 2000 requests a level, to set the host's CPU cost beside profile3b's
 #   proxycpu-process  bench/proxy_overhead.py on this host's CPU before the 0.27 s TEST DOUBLE, twice in two
@@ -125,6 +135,11 @@ export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}  # no flash
 # one torch.compile cache for every step: each test gives its serve its own XDG_CACHE_HOME, which
 # would otherwise make every serve of the session compile the same model again (about a minute each)
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/vllm-cache}
+# what Trinity 0.6.0's engine (trinity/common/models/vllm_model.py, AsyncEngineArgs without a usage context) runs
+# with where it differs from `vllm serve`'s defaults on a GPU of >= 70 GiB: vLLM's batch defaults for an engine
+# (2048 tokens, 256 sequences a step; its API server: 8192 and 1024), processed logprobs, seed 42, async
+# scheduling, and the mp executor (rftstack's default); its disable_log_stats is left out (bare's /metrics is read)
+TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:---max-num-batched-tokens 2048 --max-num-seqs 256 --logprobs-mode processed_logprobs --seed 42 --async-scheduling --distributed-executor-backend mp}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(rl rel tiny qwen3b ready default)
 
@@ -219,6 +234,17 @@ for step in "${steps[@]}"; do
         frontend3b-numeric-mpfork) wait; RFTSTACK_ENGINE_EXECUTOR=mp RFTSTACK_VLLM_FORK_WORKERS=1 python3 bench/serve_profile.py \
                  --model /tmp/bench/qwen3b --out "$LOGS/bench/frontend-qwen3b-numeric-mpfork.json" --concurrency 32,64 --window-s 12 \
                  --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        engine3b) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-args-qwen3b.json" \
+                 --concurrency 32,64 --window-s 12 --bare --numeric --rounds 2 --bare-variants "default;$TRINITY_ENGINE_ARGS" \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        engine3b-batch) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-batch-qwen3b.json" \
+                 --concurrency 32,64 --window-s 12 --numeric --engine-args '{"max_num_batched_tokens": 8192, "max_num_seqs": 1024}' \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
+                   echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
+                   echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1
+                   echo "--- /proc/stat"; head -1 /proc/stat; echo "--- nvidia-smi topo"; nvidia-smi topo -m 2>&1
+                 } > "$LOGS/cpuinfo.txt" 2>&1 ;;
         proxycpu) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 2000 ;;
         proxycpu-process) for order in 1:sqlite-gc,sqlite-process,sqlite-process4,sqlite-prebuilt,hop-gc \
