@@ -6,6 +6,7 @@ the GPU host (bench/README.md)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -259,3 +260,29 @@ def test_profile_targets_samples_each_named_process_under_load(tmp_path):
         assert (tmp_path / f"t---name-{tag}-c4.collapsed.gz").exists() and not list(tmp_path.glob("*.raw.txt"))
     finally:
         po.stop(double)
+
+
+# session V (2026-12-04): host_session.sh engine3b engine3b-batch frontend3b-numeric-mpfork
+V_RUNS = ("engine-args-qwen3b.json", "engine-batch-qwen3b.json", "frontend-qwen3b-numeric-mpfork.json")
+
+
+def test_the_docs_table_of_session_v_is_what_its_result_files_hold():
+    """docs/benchmarks.md's table of bare against Trinity's engine arguments is profile_table.py's output, with the
+    variant named after host_session.sh's TRINITY_ENGINE_ARGS (the arguments the run used)."""
+    import profile_table
+
+    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
+    args = script.split("TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:-", 1)[1].split("}", 1)[0]
+    results = REPO / "bench" / "results" / "gpu-2026-12-04v"
+    run = json.loads((results / V_RUNS[0]).read_text())
+    assert args in run["bare_variants"] and f"{args} #2" in run["bare_variants"]
+    table = profile_table.table([results / name for name in V_RUNS], {args: "bare with Trinity's engine arguments"})
+    assert table in (REPO / "docs" / "benchmarks.md").read_text(), "docs/benchmarks.md should hold:\n" + table
+
+
+def test_profile_table_bad_input_is_one_sentence(tmp_path):
+    for argv, says in ((["--name", "no-equals-sign", str(tmp_path)], "should be VARIANT=LABEL"),
+                       ([str(tmp_path / "none.json")], "no result file at")):
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "profile_table.py"), *argv], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
