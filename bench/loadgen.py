@@ -36,7 +36,11 @@ import platform
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proc_cpu  # noqa: E402
 
 WORDS = (
     "the agent posts feedback after each answer and commits when the episode ends while the model "
@@ -321,11 +325,15 @@ async def run(
         "levels": [],
     }
     for c in levels:
+        m0, t0 = _machine(), time.monotonic()
         res = await run_level(
             base_url, model, concurrency=c, requests=count(c), max_tokens=max_tokens, prompt_set=ps,
             temperature=temperature, like_proxy=like_proxy, warmup=warmup,
             level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s, spread=spread, headers=headers,
         )
+        m1 = _machine()
+        if m0 and m1:  # the machine's CPU over the level: busy, and steal (the hypervisor's; bench/proc_cpu.py)
+            res["machine"] = proc_cpu.machine_window(m0, m1, time.monotonic() - t0)
         out["levels"].append(res)
         if progress:
             progress(
@@ -334,8 +342,17 @@ async def run(
                 + (f", errors {res['error_kinds']}" if res["errors"] else "") + (" (truncated)" if res["truncated"] else "")
                 + (f", steady {res['steady']['output_tokens_per_s']} tok/s"
                    if res["steady"]["output_tokens_per_s"] is not None else "")
+                + (f", steal {res['machine']['steal_cores']} cores" if "machine" in res else "")
             )
     return out
+
+
+def _machine() -> dict | None:
+    """proc_cpu's machine snapshot, or None where /proc/stat cannot be read (not Linux)."""
+    try:
+        return proc_cpu.machine_snapshot()
+    except (OSError, ValueError):
+        return None
 
 
 def parse_levels(text: str) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -59,6 +60,10 @@ def test_counts_tokens_errors_and_short_outputs(tmp_path):
         lat = lv["latency_s"]
         assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
         assert not lv["truncated"]
+        # the machine's CPU over the level, from /proc/stat (steal: what the hypervisor took; a level this short
+        # is a few clock ticks, so only the fields are checked here, their sums in test_bench_serve_profile.py)
+        m = lv["machine"]
+        assert m["cpus"] == os.cpu_count() and min(m["busy_cores"], m["idle_cores"], m["steal_cores"]) >= 0
     assert len(bodies) == 40
     assert all(b["ignore_eos"] is True and b["max_tokens"] == 7 and b["model"] == MODEL_ID for b in bodies)
     assert not any("logprobs" in b for b in bodies)
@@ -181,7 +186,7 @@ def test_steady_window_empty_or_short_is_null_with_a_reason(records, reason):
 def test_steady_window_of_a_level_against_the_double():
     """A real level (aiohttp client, loopback HTTP): 4 clients, 80 requests of 50 ms each, about 1 s;
     the steady window is its middle, without the first wave and the drain; the progress line ends
-    with the steady figure."""
+    with the steady figure and the machine's steal over the level."""
     lines: list[str] = []
     with OpenAIDouble(delay_s=0.05) as srv:
         res = asyncio.run(loadgen.run(srv.base_url, levels=[4], requests=80, max_tokens=6, label="double",
@@ -196,4 +201,5 @@ def test_steady_window_of_a_level_against_the_double():
     assert 0 < st["from_s"] < st["to_s"] < lv["wall_s"]
     assert "t_start" not in json.dumps(res) and "t_end" not in json.dumps(res)  # no per-request lists
     assert lines == [f"[loadgen double] c=4: 80/80 ok, {lv['output_tokens_per_s']} tok/s, p50 {lv['latency_s']['p50']} s, "
-                     f"p99 {lv['latency_s']['p99']} s, steady {st['output_tokens_per_s']} tok/s"]
+                     f"p99 {lv['latency_s']['p99']} s, steady {st['output_tokens_per_s']} tok/s, "
+                     f"steal {lv['machine']['steal_cores']} cores"]
