@@ -8,7 +8,8 @@ concurrency level a closed loop of clients for ``--warmup-s`` + ``--window-s``:
            every request (logprobs, return_token_ids): the engine's own rate at that concurrency
 
 Per window: responses/s, p50/p99 latency, and the CPU of every process from /proc (bench/proc_cpu.py: cores
-used, CPU ms per response, the busiest threads; a thread near 1.0 core is a bound). With ``--py-spy``, the
+used, CPU ms per response, the busiest threads; a thread near 1.0 core is a bound), and of the machine (cores busy,
+steal: what the hypervisor took; a cgroup's throttling where there is one). With ``--py-spy``, the
 Explorer actor (the proxy's event loop), the engine actor (vLLM's OpenAI server and AsyncLLM) and the
 EngineCore are sampled together during one more proxy window at the last level (``--nonblocking --threads``):
 per process its threads, and its busiest thread's stages (bench/proxy_profile.py's rules) in CPU ms per response
@@ -18,7 +19,9 @@ like the proxy (its API server and EngineCore's CPU; with ``--py-spy`` both samp
 engine's own account of each window from its /metrics (bench/engine_metrics.py: steps/s, tokens per step, running
 requests, per-request time in the frontend against time scheduled). ``--bare-variants`` runs bare once per set of
 extra ``vllm serve`` arguments (e.g. ``default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1``: ``NAME=VALUE`` words go to its
-environment); ``--no-serve`` skips the serve; ``--numeric`` adds a window per level with the proxy's fields and numeric
+environment); ``--rounds N`` runs that list N times (A B A B: one start of a server against the next); ``--engine-args JSON`` gives
+the serve's engine more vLLM arguments (Trinity's ``extra_engine_args``);
+``--no-serve`` skips the serve; ``--numeric`` adds a window per level with the proxy's fields and numeric
 logprobs (straight to the engine, and to bare: what patches/vllm-logprobs-numeric.patch saves the frontend).
 
     python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/profile-qwen3b.json \\

@@ -72,12 +72,27 @@ def figures(load: dict, ready: dict, load_name: str, ready_name: str) -> list[tu
     ]
 
 
+def steal_note(result: dict) -> str:
+    """The most CPU the hypervisor took in any load level of bare and of the proxy, where the run's levels say
+    (bench/loadgen.py records it since session V; earlier runs: ""), so a figure can be weighed with it."""
+    worst: dict[str, float] = {}
+    for name in ("bare", "trinity"):
+        for key in ("load", "load_spread"):
+            for level in ((result.get("phases", {}).get(name) or {}).get(key) or {}).get("levels", []):
+                if "machine" in level:
+                    worst[name] = max(worst.get(name, 0.0), level["machine"]["steal_cores"])
+    if not worst:
+        return ""
+    return "; steal, the most in a level: " + ", ".join(f"{name} {value:.2f} cores" for name, value in worst.items())
+
+
 def table(rows: list[tuple[str, str, str]], load: dict, ready: dict) -> str:
     out = [TABLE_HEAD, "|---|---|"]
     out += [f"| {name} | {value} |" for name, value, _ in rows]
     out.append("")
     for source, result in ((rows[0][2], load), (rows[-1][2], ready)):
-        out.append(f"- `{source}`: {result.get('label')}, started {result.get('started')}, `{result.get('command')}`")
+        note = steal_note(result) if result is load else ""
+        out.append(f"- `{source}`: {result.get('label')}, started {result.get('started')}, `{result.get('command')}`{note}")
     return "\n".join(out) + "\n"
 
 

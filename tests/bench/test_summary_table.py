@@ -68,3 +68,19 @@ def test_missing_phase_or_level_is_one_sentence(tmp_path, capsys):
     load["phases"]["bare"]["load"]["levels"] = [lv for lv in load["phases"]["bare"]["load"]["levels"] if lv["concurrency"] != 64]
     with pytest.raises(summary_table.MissingFigure, match="no c=64 level in load"):
         summary_table.figures(load, json.loads((REPO / ready_path).read_text()), "x", "y")
+
+
+def test_a_run_with_the_machines_steal_says_the_most_of_it():
+    """A load run whose levels carry loadgen's `machine` (since session V) names the most steal of a level, for bare
+    and the proxy, on its source line; the published run (older) has none and its line is unchanged."""
+    body = section()
+    load_path, ready_path = re.findall(r"^- `([^`]+\.json)`", body, flags=re.M)
+    load = json.loads((REPO / load_path).read_text())
+    ready = json.loads((REPO / ready_path).read_text())
+    assert summary_table.steal_note(load) == ""
+    for name, steals in (("bare", (0.02, 0.31)), ("trinity", (0.4, 0.0))):
+        for level, steal in zip(load["phases"][name]["load"]["levels"], steals):
+            level["machine"] = {"cpus": 16, "busy_cores": 3.0, "idle_cores": 12.0, "iowait_cores": 0.0, "steal_cores": steal}
+    text = summary_table.table(summary_table.figures(load, ready, load_path, ready_path), load, ready)
+    assert f"`{load['command']}`; steal, the most in a level: bare 0.31 cores, trinity 0.40 cores\n" in text
+    assert text.rstrip().endswith(f"`{ready['command']}`")
