@@ -21,7 +21,8 @@ requests, per-request time in the frontend against time scheduled). ``--bare-var
 extra ``vllm serve`` arguments (e.g. ``default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1``: ``NAME=VALUE`` words go to its
 environment); ``--rounds N`` runs that list N times (A B A B: one start of a server against the next); ``--engine-args JSON`` gives
 the serve's engine more vLLM arguments (Trinity's ``extra_engine_args``);
-``--no-serve`` skips the serve; ``--numeric`` adds a window per level with the proxy's fields and numeric
+``--bare-profile-requests plain,numeric`` gives bare one profile window per kind of request (py-spy on its API
+server, EngineCore and, with the mp executor, its worker); ``--no-serve`` skips the serve; ``--numeric`` adds a window per level with the proxy's fields and numeric
 logprobs (straight to the engine, and to bare: what patches/vllm-logprobs-numeric.patch saves the frontend).
 
     python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/profile-qwen3b.json \\
@@ -161,7 +162,7 @@ def top_inclusive(stacks: list[tuple[list[str], int]], ms_per_response: float, t
 
 
 def profile_targets(base: str, model: str, c: int, args, py_spy: list[str], out_dir: Path, targets: list[str],
-                    label: str, like_proxy: bool = False) -> dict:
+                    label: str, like_proxy: bool | str = False) -> dict:
     """One more window at concurrency ``c`` against ``base``, with py-spy recording each process whose
     command line starts with one of ``targets`` (bench/proc_cpu.py ``find``) at the same time; per target its
     threads and its busiest thread's stages."""
@@ -215,11 +216,11 @@ def child_env() -> dict:
 
 
 def profile_and_say(ph: dict, base: str, model: str, args, out: Path, targets: list[str], label: str, save,
-                    like_proxy: bool = False) -> None:
-    """With --py-spy: the profile window of ``targets`` at the last level, into ``ph["profile"]``, one line each."""
+                    like_proxy: bool | str = False, key: str = "profile") -> None:
+    """With --py-spy: the profile window of ``targets`` at the last level, into ``ph[key]``, one line each."""
     if not args.py_spy:
         return
-    prof = ph["profile"] = profile_targets(base, model, args.levels[-1], args, args.py_spy, out.parent, targets, label,
+    prof = ph[key] = profile_targets(base, model, args.levels[-1], args, args.py_spy, out.parent, targets, label,
                                            like_proxy=like_proxy)
     for t, r in prof["targets"].items():
         say(f"profile {t}: {json.dumps(r.get('loop_thread') or r.get('error'))}")
@@ -286,6 +287,11 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
 
 
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+# bare vLLM's processes sampled in a profile window: its API server, its EngineCore, and its worker (the model
+# runner's process with the mp executor; on uni it runs inside the EngineCore and the target finds no process)
+BARE_TARGETS = ["*vllm serve", "VLLM::EngineCore", "VLLM::Worker"]
+# --bare-profile-requests: the request each bare profile window sends (loadgen's like_proxy)
+PROFILE_REQUESTS: dict[str, bool | str] = {"plain": False, "fields": True, "numeric": loadgen.NUMERIC}
 
 
 def bare_args(variant: str) -> list[str]:
@@ -342,8 +348,10 @@ def bare_phase(args, result: dict, out: Path, save, variant: str = "", round_no:
                 lv["bare_like_proxy_numeric"] = metered_loop(base, ph["ready"]["model"], c, args, like_proxy=loadgen.NUMERIC)
                 say(f"c={c} {label}, like the proxy with numeric logprobs: {summary_line(lv['bare_like_proxy_numeric'])}")
             save()
-        profile_and_say(ph, base, ph["ready"]["model"], args, out, ["*vllm serve", "VLLM::EngineCore"],
-                        "bare" + (f"-{name}" if name else ""), save, like_proxy=True)
+        for kind in args.bare_profile_requests:
+            profile_and_say(ph, base, ph["ready"]["model"], args, out, BARE_TARGETS,
+                            "bare" + (f"-{name}" if name else "") + ("" if kind == "fields" else f"-{kind}"), save,
+                            like_proxy=PROFILE_REQUESTS[kind], key="profile" if kind == "fields" else f"profile_{kind}")
     finally:
         ph["stop"] = proc.stop(grace_s=20)
         ph["gpu_memory_after_mib"] = svb.wait_gpu_free()
@@ -392,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--numeric", action="store_true",
                     help="one more window per level with the proxy's fields and numeric logprobs, straight to the engine "
                          "and to bare (patches/vllm-logprobs-numeric.patch)")
+    ap.add_argument("--bare-profile-requests", default="fields",
+                    help="with --bare and --py-spy: the requests of bare's profile windows, one window each, "
+                         "comma-separated: plain, fields (the proxy's, JSON logprobs; the default), numeric "
+                         "(the fields with numeric logprobs), e.g. plain,numeric: where a step's time goes with and without them")
     ap.add_argument("--engine-args", default="",
                     help="a JSON object of vLLM engine arguments for the serve's engine (Trinity's extra_engine_args), "
                          "e.g. '{\"max_num_batched_tokens\": 8192, \"max_num_seqs\": 1024}'")
@@ -428,6 +440,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if len({" ".join(bare_args(v)) for v in args.variants}) < len(args.variants):
         print(f"serve_profile: --bare-variants {args.bare_variants!r} names a variant twice; give each once", file=sys.stderr)
+        return 2
+    args.bare_profile_requests = [k.strip() for k in args.bare_profile_requests.split(",") if k.strip()]
+    unknown = [k for k in args.bare_profile_requests if k not in PROFILE_REQUESTS]
+    if unknown or not args.bare_profile_requests or len(set(args.bare_profile_requests)) < len(args.bare_profile_requests):
+        print(f"serve_profile: --bare-profile-requests names {', '.join(unknown) or 'none or one twice'}; give some of "
+              f"{', '.join(PROFILE_REQUESTS)} once each, comma-separated", file=sys.stderr)
         return 2
     if args.py_spy:
         args.py_spy = pp.resolve_py_spy(args.py_spy)

@@ -35,45 +35,46 @@ time.sleep(60)
 """
 
 
-def test_window_finds_a_busy_thread_and_the_idle_rest(tmp_path):
+@pytest.fixture
+def spinner(tmp_path):
+    """A real child process (``SPIN``, command line ending ``spinner-marker``) whose one thread spins for a minute,
+    started and seen spinning ("go") before the test, killed after it."""
+    script = tmp_path / "spin.py"
+    script.write_text(SPIN)
+    child = subprocess.Popen([sys.executable, str(script), "spinner-marker"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "go"
+        yield SimpleNamespace(pid=child.pid, script=script)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_window_finds_a_busy_thread_and_the_idle_rest(spinner):
     """A child with one thread spinning: its process uses about one core, that thread carries it, its main
     thread (sleeping) none; the window names it by its command line."""
-    (tmp_path / "spin.py").write_text(SPIN)
-    child = subprocess.Popen([sys.executable, str(tmp_path / "spin.py"), "spinner-marker"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "go"
-        a = proc_cpu.snapshot()
-        t0 = time.monotonic()
-        time.sleep(1.5)
-        b = proc_cpu.snapshot()
-        rows = proc_cpu.window(a, b, time.monotonic() - t0, top=50, responses=10)
-        mine = next(r for r in rows if r["pid"] == child.pid)
-        assert "spinner-marker" in mine["title"]
-        assert 0.5 < mine["cores"] <= 1.1  # one thread's worth (2 shared cores here)
-        top = mine["top_threads"][0]
-        assert top["tid"] != child.pid and top["cores"] > 0.5
-        assert mine["cpu_ms_per_response"] == pytest.approx(1000 * mine["cpu_s"] / 10, rel=0.01)
-        assert child.pid in proc_cpu.find(b, f"{sys.executable} {tmp_path / 'spin.py'}")
-    finally:
-        child.kill()
-        child.wait()
+    a = proc_cpu.snapshot()
+    t0 = time.monotonic()
+    time.sleep(1.5)
+    b = proc_cpu.snapshot()
+    rows = proc_cpu.window(a, b, time.monotonic() - t0, top=50, responses=10)
+    mine = next(r for r in rows if r["pid"] == spinner.pid)
+    assert "spinner-marker" in mine["title"]
+    assert 0.5 < mine["cores"] <= 1.1  # one thread's worth (2 shared cores here)
+    top = mine["top_threads"][0]
+    assert top["tid"] != spinner.pid and top["cores"] > 0.5
+    assert mine["cpu_ms_per_response"] == pytest.approx(1000 * mine["cpu_s"] / 10, rel=0.01)
+    assert spinner.pid in proc_cpu.find(b, f"{sys.executable} {spinner.script}")
 
 
-def test_the_machine_window_counts_a_spinning_thread(tmp_path):
+def test_the_machine_window_counts_a_spinning_thread(spinner):
     """/proc/stat over a window with one thread spinning: at least half a core busy, and busy + idle + iowait +
     steal add up to the machine's CPUs (each tick is one of them)."""
-    (tmp_path / "spin.py").write_text(SPIN)
-    child = subprocess.Popen([sys.executable, str(tmp_path / "spin.py")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "go"
-        a = proc_cpu.machine_snapshot()
-        t0 = time.monotonic()
-        time.sleep(1.5)
-        b = proc_cpu.machine_snapshot()
-        m = proc_cpu.machine_window(a, b, time.monotonic() - t0)
-    finally:
-        child.kill()
-        child.wait()
+    a = proc_cpu.machine_snapshot()
+    t0 = time.monotonic()
+    time.sleep(1.5)
+    b = proc_cpu.machine_snapshot()
+    m = proc_cpu.machine_window(a, b, time.monotonic() - t0)
     assert m["cpus"] == os.cpu_count() and m["busy_cores"] >= 0.5
     total = m["busy_cores"] + m["idle_cores"] + m["iowait_cores"] + m["steal_cores"]
     assert total == pytest.approx(m["cpus"], rel=0.1)
@@ -225,6 +226,8 @@ def test_thread_profile_picks_the_event_loop_thread(tmp_path):
     (["--engine-args", "[1]"], "--engine-args must be a JSON object"),
     (["--bare", "--no-serve", "--engine-args", '{"max_num_seqs": 1024}'], "needs the serve"),
     (["--bare", "--rounds", "0"], "--rounds must be 1 or more"),
+    (["--bare", "--bare-profile-requests", "plain,json"], "--bare-profile-requests names json"),
+    (["--bare", "--bare-profile-requests", "plain,plain"], "--bare-profile-requests names none or one twice"),
 ])
 def test_bad_input_is_one_sentence(tmp_path, argv, says):
     r = subprocess.run([sys.executable, str(REPO / "bench" / "serve_profile.py"), "--model", str(tmp_path),
@@ -286,3 +289,15 @@ def test_profile_table_bad_input_is_one_sentence(tmp_path):
         r = subprocess.run([sys.executable, str(REPO / "bench" / "profile_table.py"), *argv], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bare_profile_windows_send_the_request_they_are_named_for(tmp_path):
+    """--bare-profile-requests: each kind is the request loadgen sends (plain: no fields; fields: logprobs and
+    token ids; numeric: with the numeric mark), and bare's targets include the mp executor's worker."""
+    import loadgen
+
+    bodies = {k: loadgen.request_body("m", "p", 4, temperature=1.0, like_proxy=v) for k, v in sp.PROFILE_REQUESTS.items()}
+    assert "logprobs" not in bodies["plain"]
+    assert bodies["fields"]["logprobs"] is True and "vllm_xargs" not in bodies["fields"]
+    assert bodies["numeric"]["vllm_xargs"] == {"rftstack_logprobs_numeric": 1}
+    assert "VLLM::Worker" in sp.BARE_TARGETS

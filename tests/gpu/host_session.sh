@@ -90,6 +90,12 @@
 #              server lies from the next; every window with the machine's busy, steal and throttled CPU
 #   engine3b-batch  its serve part only, Trinity's engine given `vllm serve`'s batch sizes on this GPU (8192 tokens,
 #              1024 sequences a step, through the config's extra_engine_args): engine-batch-qwen3b.json
+#   enginecost  bench/engine_logprobs_cost.py on the GPU: what the sampled token's logprob costs vLLM's engine per
+#              step (its sampler's kernel launches on the model-runner thread, the copy to the host, the scheduler's
+#              slices, the EngineCore -> frontend messages), batches of 32 and 64, processed and raw logprobs
+#   fields3b-profile  bare vLLM with Trinity's engine arguments (mp) only, windows plain, with the fields and
+#              numeric, then py-spy (PY_SPY) on its API server, EngineCore and worker in one window of plain
+#              requests and one of numeric fields at c=64: where the fields' cost lies per process and stage
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -240,6 +246,13 @@ for step in "${steps[@]}"; do
         engine3b-batch) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-batch-qwen3b.json" \
                  --concurrency 32,64 --window-s 12 --numeric --engine-args '{"max_num_batched_tokens": 8192, "max_num_seqs": 1024}' \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        enginecost) for mode in processed_logprobs raw_logprobs; do
+                   python3 bench/engine_logprobs_cost.py --device cuda --batch 32,64 --logprobs-mode $mode \
+                     --out "$LOGS/bench/engine-logprobs-cost-$mode.json" || break
+                 done ;;
+        fields3b-profile) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/fields-profile-qwen3b.json" \
+                 --concurrency 32,64 --window-s 12 --no-serve --bare --numeric --py-spy "${PY_SPY:-py-spy}" \
+                 --bare-profile-requests plain,numeric --bare-variants "$TRINITY_ENGINE_ARGS" ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
                    echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1

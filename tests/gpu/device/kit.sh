@@ -5,6 +5,7 @@
 #   jre17.tar.xz             a jlink runtime (java.base + java.net.http, ~16 MB) for the java step
 #   agent-classes/           examples/java/Agent.java compiled with `javac --release 17`
 #   iproute/                 tests/gpu/ip_kit.sh's `ip` (the cluster step), when this machine has `ip`
+#   py-spy                   the dev group's py-spy (static), for the profile steps (PY_SPY=/tmp/py-spy)
 # The bundle itself: rftstack bundle build --out .wheelhouse --python 3.12 --platform manylinux_2_31_x86_64 \
 #   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 48
 # (48 MiB: a part and the working tree, about 13 MiB in session S, must stay under the 64 MiB one call carries.)
@@ -24,5 +25,7 @@ if command -v jlink >/dev/null && command -v javac >/dev/null; then
 else
     echo "kit.sh: no jlink/javac here: the java step will skip on the host" >&2
 fi
+# py-spy for the profile steps (PY_SPY=/tmp/py-spy): the dev group's static binary
+if [ -x "$repo/.venv/bin/py-spy" ]; then cp "$repo/.venv/bin/py-spy" "$out/py-spy"; fi
 if command -v ip >/dev/null; then bash "$repo/tests/gpu/ip_kit.sh" "$out/iproute" >/dev/null; fi
 ls -la "$out"
