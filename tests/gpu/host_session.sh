@@ -246,7 +246,7 @@ for step in "${steps[@]}"; do
         engine3b-batch) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-batch-qwen3b.json" \
                  --concurrency 32,64 --window-s 12 --numeric --engine-args '{"max_num_batched_tokens": 8192, "max_num_seqs": 1024}' \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
-        enginecost) for mode in processed_logprobs raw_logprobs; do
+        enginecost) wait; for mode in processed_logprobs raw_logprobs; do
                    python3 bench/engine_logprobs_cost.py --device cuda --batch 32,64 --logprobs-mode $mode \
                      --out "$LOGS/bench/engine-logprobs-cost-$mode.json" || break
                  done ;;
