@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
     text = json.dumps(result, indent=2) + "\n"
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
     print(text, end="")
     return 0

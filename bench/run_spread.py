@@ -54,8 +54,16 @@ def spread(runs: list[tuple[str, dict]]) -> dict:
     return out
 
 
+def column_names(runs: list[tuple[str, dict]]) -> list[str]:
+    """Each run's label; a label that more than one run carries (the same host step in two sessions) gets its
+    results folder after it, ``gpu-`` left off: ``qwen3b-abba1 (2026-12-04w)``."""
+    labels = [r.get("label", "?") for _, r in runs]
+    return [f"{label} ({Path(where).parent.name.removeprefix('gpu-')})" if labels.count(label) > 1 else label
+            for label, (where, _) in zip(labels, runs)]
+
+
 def table(runs: list[tuple[str, dict]], figures: dict) -> str:
-    head = "| figure | " + " | ".join(r.get("label", "?") for _, r in runs) + " | range | pooled |"
+    head = "| figure | " + " | ".join(column_names(runs)) + " | range | pooled |"
     out = [head, "|---" * (len(runs) + 3) + "|"]
     for name, f in figures.items():
         cells = [f"{v:.2f}" for v in f["runs"]]

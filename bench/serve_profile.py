@@ -10,8 +10,8 @@ concurrency level a closed loop of clients for ``--warmup-s`` + ``--window-s``:
 Per window: responses/s, p50/p99 latency, and the CPU of every process from /proc (bench/proc_cpu.py: cores
 used, CPU ms per response, the busiest threads; a thread near 1.0 core is a bound), and of the machine (cores busy,
 steal: what the hypervisor took; a cgroup's throttling where there is one). With ``--py-spy``, the
-Explorer actor (the proxy's event loop), the engine actor (vLLM's OpenAI server and AsyncLLM) and the
-EngineCore are sampled together during one more proxy window at the last level (``--nonblocking --threads``):
+Explorer actor (the proxy's event loop), the engine actor (vLLM's OpenAI server and AsyncLLM), the
+EngineCore and the worker (the mp executor's) are sampled together during one more proxy window at the last level (``--nonblocking --threads``):
 per process its threads, and its busiest thread's stages (bench/proxy_profile.py's rules) in CPU ms per response
 from that thread's /proc time. With ``--bare``, the same windows against
 bare ``vllm serve`` afterwards, plain and
@@ -277,8 +277,7 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
                     lv["engine_numeric"] = run_loop(engines[0], model, c, args, like_proxy=loadgen.NUMERIC)
                     say(f"c={c} engine direct, numeric logprobs: {summary_line(lv['engine_numeric'])}")
                     save()
-        profile_and_say(ph, base, model, args, out, ["ray::Explorer", "ray::vLLMRolloutModel", "VLLM::EngineCore"],
-                        "serve", save)
+        profile_and_say(ph, base, model, args, out, SERVE_TARGETS, "serve", save)
     finally:
         ph["stop"] = proc.stop(grace_s=30)
         ph["ray_stop"] = svb.ray_stop_force()
@@ -287,6 +286,9 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
 
 
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+# the serve's processes sampled in its profile window (through the proxy): the Explorer (the proxy), the engine actor
+# (vLLM's API server and AsyncLLM inside Ray), its EngineCore, and its worker (the mp executor's model runner)
+SERVE_TARGETS = ["ray::Explorer", "ray::vLLMRolloutModel", "VLLM::EngineCore", "VLLM::Worker"]
 # bare vLLM's processes sampled in a profile window: its API server, its EngineCore, and its worker (the model
 # runner's process with the mp executor; on uni it runs inside the EngineCore and the target finds no process)
 BARE_TARGETS = ["*vllm serve", "VLLM::EngineCore", "VLLM::Worker"]

@@ -105,3 +105,10 @@ def test_each_without_a_phase_or_with_an_unknown_one_is_one_sentence(capsys):
     assert run_spread.main(["--each", f"{REPO / RECORD_RUNS / 'serve-qwen3b-record2.json'}:trinity"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "has no 'trinity' phase" in err
+
+
+def test_a_label_two_runs_carry_is_told_apart_by_its_folder():
+    """Two sessions' `proxy3b-abba` runs carry the same labels: their columns name the results folder."""
+    runs = [(f"bench/results/gpu-{d}/serve-qwen3b-abba1.json", {"label": "qwen3b-abba1"}) for d in ("2026-12-03q", "2026-12-04w")]
+    runs.append(("bench/results/gpu-2026-12-03p/serve-qwen3b-long.json", {"label": "qwen3b-long"}))
+    assert run_spread.column_names(runs) == ["qwen3b-abba1 (2026-12-03q)", "qwen3b-abba1 (2026-12-04w)", "qwen3b-long"]

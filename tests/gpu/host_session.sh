@@ -96,6 +96,12 @@
 #   fields3b-profile  bare vLLM with Trinity's engine arguments (mp) only, windows plain, with the fields and
 #              numeric, then py-spy (PY_SPY) on its API server, EngineCore and worker in one window of plain
 #              requests and one of numeric fields at c=64: where the fields' cost lies per process and stage
+#   engine3b-profile  where Trinity's engine loses against bare with its own arguments (session W: 0.77-0.79 at c=64
+#              with the same request): rftstack serve and bare with TRINITY_ENGINE_ARGS, 12 s windows with numeric
+#              logprobs, then py-spy (PY_SPY) on the serve's Explorer, engine actor, EngineCore and worker (a proxy window)
+#              and on bare's API server, EngineCore and worker (a window of numeric fields) at c=64
+#   engine3b-fork0  the serve only, its vLLM worker spawned rather than forked from the engine actor
+#              (RFTSTACK_VLLM_FORK_WORKERS=0): whether the fork is what costs the serve's worker its CPU per response
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -253,6 +259,12 @@ for step in "${steps[@]}"; do
         fields3b-profile) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/fields-profile-qwen3b.json" \
                  --concurrency 32,64 --window-s 12 --no-serve --bare --numeric --py-spy "${PY_SPY:-py-spy}" \
                  --bare-profile-requests plain,numeric --bare-variants "$TRINITY_ENGINE_ARGS" ;;
+        engine3b-profile) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-profile-qwen3b.json" \
+                 --concurrency 32,64 --window-s 12 --bare --numeric --py-spy "${PY_SPY:-py-spy}" --bare-profile-requests numeric \
+                 --bare-variants "$TRINITY_ENGINE_ARGS" ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        engine3b-fork0) wait; RFTSTACK_VLLM_FORK_WORKERS=0 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
+                 --out "$LOGS/bench/engine-fork0-qwen3b.json" --concurrency 32,64 --window-s 12 --numeric \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
                    echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1

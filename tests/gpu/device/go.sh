@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU host, in the call that carries the last (smallest) bundle part and .gpu-extra (see kit.sh;
-# the jlink runtime is 16 MB, so that call needs a part of at most ~35 MiB):
-#   cp -r .wheelhouse/part-NNN /tmp/wh/ && rm -rf /tmp/repo && mkdir -p /tmp/repo && cp -r . /tmp/repo/ \
+# On the GPU host, in the call after the last bundle part, carrying .gpu-extra alone (see kit.sh; with the jlink
+# runtime and py-spy it is 25 MiB, and the working tree about 16 MiB, session W):
+#   rm -rf /tmp/repo && mkdir -p /tmp/repo && cp -r . /tmp/repo/ \
 #   && cp -r .gpu-extra/. /tmp/ && rm -rf /tmp/repo/.wheelhouse /tmp/repo/.gpu-extra && bash /tmp/go.sh STEP...
+# (PY_SPY=/tmp/py-spy before `bash /tmp/go.sh` for the profile steps.)
 # Installs the bundle from /tmp/wh/part-*, applies the policy's patches, then starts
 # tests/gpu/host_session.sh STEP... detached (its logs in /tmp/gs); returns at once.
 set -u

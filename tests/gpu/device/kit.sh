@@ -7,8 +7,9 @@
 #   iproute/                 tests/gpu/ip_kit.sh's `ip` (the cluster step), when this machine has `ip`
 #   py-spy                   the dev group's py-spy (static), for the profile steps (PY_SPY=/tmp/py-spy)
 # The bundle itself: rftstack bundle build --out .wheelhouse --python 3.12 --platform manylinux_2_31_x86_64 \
-#   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 48
-# (48 MiB: a part and the working tree, about 13 MiB in session S, must stay under the 64 MiB one call carries.)
+#   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 44
+# (44 MiB: a part and the working tree, about 16 MiB in session W, must stay under the 64 MiB one call carries;
+# .gpu-extra, 25 MiB with py-spy and the jlink runtime, travels in a call of its own, the one that runs go.sh.)
 # Rebuild it after any change to rftstack (seconds from uv's cache): the bundle carries the rftstack wheel of the tree
 # it was built from, and install.py applies that wheel's patches; go.sh refuses a bundle whose rftstack package (code,
 # policy) or patches are not the carried tree's (same_tree.py; session O ran an older one before this check).
