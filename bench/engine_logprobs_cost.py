@@ -34,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import loadgen
+
 MODES = ("raw_logprobs", "processed_logprobs")
 
 
@@ -138,13 +139,6 @@ def time_host_side(batch: int, steps: int) -> dict:
     return {k: round(1000 * statistics.median(v), 4) for k, v in rows.items()}
 
 
-def positive_ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if not values or min(values) < 1:
-        raise ValueError(text)
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
@@ -156,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the JSON result here")
     args = ap.parse_args(argv)
     try:
-        batches = positive_ints(args.batch)
-    except ValueError:
+        batches = loadgen.parse_levels(args.batch)  # a comma list of positive integers, as --concurrency
+    except SystemExit:
         print(f"engine_logprobs_cost: --batch {args.batch!r} is not a list of positive integers; give e.g. --batch 32,64",
               file=sys.stderr)
         return 2

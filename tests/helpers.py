@@ -17,6 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON_DIR = REPO / "python"
 
 
+def trinity_engine_args() -> str:
+    """tests/gpu/host_session.sh's TRINITY_ENGINE_ARGS default: the vLLM arguments a bare server is given to run as
+    Trinity's engine does (the name of that bare variant in serve_profile.py's results)."""
+    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
+    return script.split("TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:-", 1)[1].split("}", 1)[0]
+
+
 def write_report_config(path: Path, model: Path, *, max_model_len: int | None = 2048) -> Path:
     """The config of the user report (rftstack.run.report_config: mode serve, sync_method nccl, engine_num 1,
     0.60) on ``model``, with max_model_len (None: as the report wrote it) and checkpoints next to ``path``."""

@@ -20,6 +20,7 @@ import pytest
 import proc_cpu
 import proxy_overhead as po
 import serve_profile as sp
+from helpers import trinity_engine_args
 
 REPO = Path(__file__).resolve().parents[2]
 SPIN = r"""
@@ -274,8 +275,7 @@ def test_the_docs_table_of_session_v_is_what_its_result_files_hold():
     variant named after host_session.sh's TRINITY_ENGINE_ARGS (the arguments the run used)."""
     import profile_table
 
-    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
-    args = script.split("TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:-", 1)[1].split("}", 1)[0]
+    args = trinity_engine_args()
     results = REPO / "bench" / "results" / "gpu-2026-12-04v"
     run = json.loads((results / V_RUNS[0]).read_text())
     assert args in run["bare_variants"] and f"{args} #2" in run["bare_variants"]

@@ -11,17 +11,13 @@ import pytest
 
 import profile_table
 from helpers import REPO
+from helpers import trinity_engine_args as trinity_args
 
 DOC = REPO / "docs" / "benchmarks.md"
 RESULTS = REPO / "bench" / "results" / "gpu-2026-12-04w"
 LOGS = REPO / "docs" / "gpu-logs" / "2026-12-04w"
 RUNS = ("fields-profile-qwen3b.json", "engine-args-qwen3b-w.json", "engine-args-qwen3b-w2.json")
 HEADING = "### Trinity's engine against bare with its own arguments"
-
-
-def trinity_args() -> str:
-    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
-    return script.split("TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:-", 1)[1].split("}", 1)[0]
 
 
 def section() -> str:
