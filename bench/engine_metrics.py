@@ -48,6 +48,16 @@ def scrape(base_url: str, timeout: float = 5.0) -> dict[str, float]:
         return parse(r.read().decode("utf-8", "replace"))
 
 
+def keeps_stats(base_url: str) -> bool:
+    """Whether the server at ``base_url`` serves vLLM's engine statistics on /metrics: `vllm serve` by default;
+    Trinity's engine only with RFTSTACK_ENGINE_LOG_STATS=1 (patches/trinity-engine-log-stats.patch), since
+    Trinity builds it with disable_log_stats=True and its /metrics then has only the HTTP server's own."""
+    try:
+        return "iteration_tokens_total_count" in scrape(base_url)
+    except OSError:
+        return False
+
+
 def sample_running(base_url: str, seconds: float, every_s: float = 0.25) -> list[float]:
     """``num_requests_running`` every ``every_s`` for ``seconds`` (what is left of a window after a scrape)."""
     end = time.monotonic() + seconds

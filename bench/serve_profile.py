@@ -105,9 +105,11 @@ def run_loop(base: str, model: str, c: int, args, like_proxy: bool | str, during
         loop.thread.join(timeout=90)
 
 
-def metered_loop(base: str, model: str, c: int, args, like_proxy: bool | str) -> dict:
-    """run_loop's window against a server with vLLM's /metrics, with the engine's account under "engine"."""
-    w = run_loop(base, model, c, args, like_proxy=like_proxy, during=lambda: engine_metrics.during_window(base, args.window_s))
+def metered_loop(base: str, model: str, c: int, args, like_proxy: bool | str, metrics_url: str | None = None) -> dict:
+    """run_loop's window against ``base``, with the engine's account under "engine" from vLLM's /metrics at
+    ``metrics_url`` (default ``base``: bare vLLM; the serve's engine when the loop goes through the proxy)."""
+    url = metrics_url or base
+    w = run_loop(base, model, c, args, like_proxy=like_proxy, during=lambda: engine_metrics.during_window(url, args.window_s))
     w["engine"] = w.pop("during")
     return w
 
@@ -263,18 +265,27 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
         model = ph["ready"]["model"]
         engines = svb.find_openai_servers(svb.listening_ports() - before, exclude={port})
         ph["engine_urls"] = engines
+        # with RFTSTACK_ENGINE_LOG_STATS=1 (patches/trinity-engine-log-stats.patch) the engine's /metrics has vLLM's
+        # statistics: every window, through the proxy too, then carries the engine's account as bare's do
+        ph["engine_stats"] = bool(engines) and engine_metrics.keeps_stats(engines[0])
+        say(f"the engine's statistics: {'on' if ph['engine_stats'] else 'off (as upstream Trinity)'}")
+
+        def loop(url: str, c: int, like_proxy: bool | str) -> dict:
+            if ph["engine_stats"]:
+                return metered_loop(url, model, c, args, like_proxy=like_proxy, metrics_url=engines[0])
+            return run_loop(url, model, c, args, like_proxy=like_proxy)
         ph["levels"] = {}
         for c in args.levels:
             lv = ph["levels"][str(c)] = {}
-            lv["proxy"] = run_loop(base, model, c, args, like_proxy=False)
+            lv["proxy"] = loop(base, c, False)
             say(f"c={c} proxy: {summary_line(lv['proxy'])}")
             save()
             if engines:
-                lv["engine"] = run_loop(engines[0], model, c, args, like_proxy=True)
+                lv["engine"] = loop(engines[0], c, True)
                 say(f"c={c} engine direct: {summary_line(lv['engine'])}")
                 save()
                 if args.numeric:
-                    lv["engine_numeric"] = run_loop(engines[0], model, c, args, like_proxy=loadgen.NUMERIC)
+                    lv["engine_numeric"] = loop(engines[0], c, loadgen.NUMERIC)
                     say(f"c={c} engine direct, numeric logprobs: {summary_line(lv['engine_numeric'])}")
                     save()
         profile_and_say(ph, base, model, args, out, SERVE_TARGETS, "serve", save)
@@ -285,6 +296,9 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
         save()
 
 
+# the serve's and bare's GPU memory share and context length unless given (the same for both)
+GPU_UTIL = 0.6
+MAX_MODEL_LEN = 2048
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 # the serve's processes sampled in its profile window (through the proxy): the Explorer (the proxy), the engine actor
 # (vLLM's API server and AsyncLLM inside Ray), its EngineCore, and its worker (the mp executor's model runner)
@@ -307,10 +321,22 @@ def split_variant(words: list[str]) -> tuple[dict[str, str], list[str]]:
     return env, [w for w in words if not ENV_WORD.match(w)]
 
 
+def log_name(words: str, limit: int = 80) -> str:
+    """A variant's words as part of a file name: characters other than letters, digits, '.', '_' and '-' become
+    '_' (a JSON argument's braces and quotes), and a name longer than ``limit`` is cut, with a hash of the whole
+    so that two long variants stay apart."""
+    import hashlib
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", words).strip("_")
+    if len(safe) <= limit:
+        return safe
+    return f"{safe[:limit - 13]}-{hashlib.sha256(words.encode()).hexdigest()[:12]}"
+
+
 def variant_names(extra: list[str], round_no: int = 1) -> tuple[str | None, str]:
     """(its key under the result's ``bare_variants``, None for the first default run, which is ``bare``;
     the suffix of its log's name): a variant's words, and " #N" / "-rN" from round 2 on."""
-    name = "-".join(a.lstrip("-").replace("=", "-") for a in extra)
+    name = log_name("-".join(a.lstrip("-").replace("=", "-") for a in extra))
     if round_no == 1:
         return (" ".join(extra) or None), name
     return f"{' '.join(extra) or 'default'} #{round_no}", f"{name or 'default'}-r{round_no}"
@@ -410,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a JSON object of vLLM engine arguments for the serve's engine (Trinity's extra_engine_args), "
                          "e.g. '{\"max_num_batched_tokens\": 8192, \"max_num_seqs\": 1024}'")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
-    ap.add_argument("--gpu-util", type=float, default=0.6)
-    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--gpu-util", type=float, default=GPU_UTIL)
+    ap.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     ap.add_argument("--ready-timeout", type=float, default=300)
     args = ap.parse_args(argv)
     try:

@@ -24,6 +24,12 @@ def trinity_engine_args() -> str:
     return script.split("TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:-", 1)[1].split("}", 1)[0]
 
 
+# TRINITY_ENGINE_ARGS as sessions V and W ran it (the name of that bare variant in their result files): 256 sequences a
+# step, where Trinity's engine has vLLM's scheduler default of 128 (found by tests/bench/test_engine_bisect.py since)
+ENGINE_ARGS_SESSIONS_VW = ("--max-num-batched-tokens 2048 --max-num-seqs 256 --logprobs-mode processed_logprobs --seed 42 "
+                           "--async-scheduling --distributed-executor-backend mp")
+
+
 def write_report_config(path: Path, model: Path, *, max_model_len: int | None = 2048) -> Path:
     """The config of the user report (rftstack.run.report_config: mode serve, sync_method nccl, engine_num 1,
     0.60) on ``model``, with max_model_len (None: as the report wrote it) and checkpoints next to ``path``."""

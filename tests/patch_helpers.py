@@ -4,7 +4,11 @@ already, as in CI after `rftstack relax`) and their real dist-info. The venv its
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from rftstack.stack import patches
@@ -125,3 +129,61 @@ def add_ray(site: Path) -> Path:
 def add_vllm(site: Path) -> Path:
     """The installed vLLM's patched files (un-patched) with vLLM's dist-info."""
     return add_dist_file(site, "vllm", "vllm", *VLLM_RELS, VLLM_FORK_REL)
+
+
+# Child: for each config shape (JSON in argv[2]), the real prepare() of Trinity's vLLMRolloutModel (the installed
+# module with "-" in argv[1], else the file there) with a TEST DOUBLE engine factory (an engine needs a GPU); prints
+# the engine args' attribute argv[3] as prepare chose it, or the error prepare raised.
+ENGINE_ARGS_PROBE = r"""
+import asyncio, importlib.util, json, sys
+import vllm
+from trinity.common.config import InferenceModelConfig
+if sys.argv[1] == "-":
+    from trinity.common.models import vllm_model as mod
+else:
+    spec = importlib.util.spec_from_file_location("vllm_model_as_published", sys.argv[1])
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+
+class Captured(Exception):
+    pass
+
+class EngineFactoryDouble:
+    '''TEST DOUBLE for vllm.AsyncLLMEngine.from_engine_args: records the args, builds no engine.'''
+    @staticmethod
+    def from_engine_args(engine_args):
+        raise Captured(getattr(engine_args, sys.argv[3]))
+
+vllm.AsyncLLMEngine = EngineFactoryDouble
+out = {}
+for name, fields in json.loads(sys.argv[2]).items():
+    base = dict(model_path="unused-by-the-double", temperature=1.0, top_p=1.0, top_k=-1, logprobs=0, max_model_len=512,
+                max_prompt_tokens=256, max_response_tokens=256, min_response_tokens=0, enable_prompt_truncation=False,
+                repetition_penalty=1.0)
+    base["gpu_per_engine"] = fields.get("tensor_parallel_size", 1) * fields.get("pipeline_parallel_size", 1)
+    model = mod.vLLMRolloutModel(InferenceModelConfig(**{**base, **fields}))
+    try:
+        asyncio.run(model.prepare())
+        out[name] = "prepare returned without building an engine"
+    except Captured as c:
+        out[name] = c.args[0]
+    except Exception as e:
+        out[name] = f"{type(e).__name__}: {e}"
+print("PROBE " + json.dumps(out))
+"""
+
+
+def probe_engine_args(module: str, shapes: dict, attr: str, var: str, value: str | None) -> subprocess.CompletedProcess:
+    """ENGINE_ARGS_PROBE in a child whose environment has ``var`` set to ``value`` (None: unset); the switches
+    are read when vllm_model.py is imported."""
+    env = {k: v for k, v in os.environ.items() if k != var}
+    if value is not None:
+        env[var] = value
+    return subprocess.run([sys.executable, "-c", ENGINE_ARGS_PROBE, module, json.dumps(shapes), attr], capture_output=True,
+                          text=True, timeout=300, env=env)  # fmt: skip
+
+
+def probed(out: subprocess.CompletedProcess) -> dict:
+    """The shapes' attribute values a probe_engine_args child printed."""
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("PROBE ")]
+    return json.loads(line[len("PROBE "):])

@@ -20,7 +20,7 @@ import pytest
 import proc_cpu
 import proxy_overhead as po
 import serve_profile as sp
-from helpers import trinity_engine_args
+from helpers import ENGINE_ARGS_SESSIONS_VW
 
 REPO = Path(__file__).resolve().parents[2]
 SPIN = r"""
@@ -272,10 +272,10 @@ V_RUNS = ("engine-args-qwen3b.json", "engine-batch-qwen3b.json", "frontend-qwen3
 
 def test_the_docs_table_of_session_v_is_what_its_result_files_hold():
     """docs/benchmarks.md's table of bare against Trinity's engine arguments is profile_table.py's output, with the
-    variant named after host_session.sh's TRINITY_ENGINE_ARGS (the arguments the run used)."""
+    variant named after host_session.sh's TRINITY_ENGINE_ARGS as that run used it."""
     import profile_table
 
-    args = trinity_engine_args()
+    args = ENGINE_ARGS_SESSIONS_VW
     results = REPO / "bench" / "results" / "gpu-2026-12-04v"
     run = json.loads((results / V_RUNS[0]).read_text())
     assert args in run["bare_variants"] and f"{args} #2" in run["bare_variants"]

@@ -11,7 +11,7 @@ import pytest
 
 import profile_table
 from helpers import REPO
-from helpers import trinity_engine_args as trinity_args
+from helpers import ENGINE_ARGS_SESSIONS_VW
 
 DOC = REPO / "docs" / "benchmarks.md"
 RESULTS = REPO / "bench" / "results" / "gpu-2026-12-04w"
@@ -39,14 +39,14 @@ def cpu_ms(window: dict, title: str) -> float:
 
 
 def test_the_table_is_profile_tables_output_of_the_three_runs():
-    table = profile_table.table([RESULTS / n for n in RUNS], {trinity_args(): "bare with Trinity's engine arguments"})
+    table = profile_table.table([RESULTS / n for n in RUNS], {ENGINE_ARGS_SESSIONS_VW: "bare with Trinity's engine arguments"})
     assert table in section(), "docs/benchmarks.md should hold:\n" + table
 
 
 @pytest.mark.parametrize("name", ["engine-args-qwen3b-w.json", "engine-args-qwen3b-w2.json"])
 def test_trinitys_engine_serves_less_than_bare_with_its_arguments_and_the_proxy_keeps_up(name):
     r = run(name)
-    serve, bare = r["serve"]["levels"], r["bare_variants"][trinity_args()]["levels"]
+    serve, bare = r["serve"]["levels"], r["bare_variants"][ENGINE_ARGS_SESSIONS_VW]["levels"]
     text = section()
     for c, lo, hi in (("64", 0.76, 0.80), ("32", 0.84, 0.87)):
         engine, ref = rate(serve[c]["engine_numeric"]), rate(bare[c]["bare_like_proxy_numeric"])
@@ -62,7 +62,7 @@ def test_trinitys_engine_serves_less_than_bare_with_its_arguments_and_the_proxy_
 
 
 def test_the_numeric_fields_cost_bare_what_the_docs_say():
-    args = trinity_args()
+    args = ENGINE_ARGS_SESSIONS_VW
     bares = [run("fields-profile-qwen3b.json")["bare_variants"][args], run("engine-args-qwen3b-w.json")["bare_variants"][args],
              run("engine-args-qwen3b-w2.json")["bare_variants"][args]]
     ratios = {c: [f"{rate(b['levels'][c]['bare_like_proxy_numeric']) / rate(b['levels'][c]['bare']):.2f}" for b in bares]
@@ -80,7 +80,7 @@ def test_the_engine_step_costs_are_enginecosts_printed_lines():
 
 
 def test_the_py_spy_stages_are_the_profile_windows():
-    ph = run("fields-profile-qwen3b.json")["bare_variants"][trinity_args()]
+    ph = run("fields-profile-qwen3b.json")["bare_variants"][ENGINE_ARGS_SESSIONS_VW]
 
     def stage(key: str, target: str, fn: str) -> str:
         inc = ph[key]["targets"][target]["loop_thread"]["top_inclusive_ms_per_response"]

@@ -139,3 +139,49 @@ def test_serve_profile_bad_variants_are_one_sentence(tmp_path, argv, says):
                         "--out", str(tmp_path / "o.json"), *argv], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o.json").exists()
+
+
+def test_keeps_stats_tells_vllms_statistics_from_an_http_servers_own(engine, tmp_path):
+    """bare `vllm serve` (vLLM's metric names) keeps statistics; a /metrics with only the HTTP server's own (Trinity's
+    engine as published: disable_log_stats=True) and a server with no /metrics (the TEST DOUBLE upstream) do not."""
+    _, url = engine
+    assert em.keeps_stats(url)
+    reg = CollectorRegistry()
+    Counter("http_requests", "the instrumentator's", registry=reg).inc()
+    port = svb.free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=reg)
+    double, double_url = po.start_double(tmp_path)
+    try:
+        assert not em.keeps_stats(f"http://127.0.0.1:{port}")
+        assert not em.keeps_stats(double_url)
+    finally:
+        po.stop(double)
+        server.shutdown()
+        thread.join(timeout=5)
+
+
+def test_a_window_through_one_server_reads_the_engines_account_from_another(engine, tmp_path):
+    """serve_profile's proxy windows with the engine's statistics on: the loop goes to one server (the proxy; here
+    the TEST DOUBLE upstream, which has no /metrics) and the account comes from the engine's /metrics."""
+    from types import SimpleNamespace
+
+    import serve_profile as sp
+
+    m, url = engine
+    double, double_url = po.start_double(tmp_path)
+
+    def steps():
+        for _ in range(5):
+            time.sleep(0.1)
+            m["steps"].observe(16)
+    t = threading.Thread(target=steps)
+    try:
+        t.start()
+        w = sp.metered_loop(double_url, "double", 2, SimpleNamespace(max_tokens=4, warmup_s=0.0, window_s=1.0),
+                            like_proxy=False, metrics_url=url)
+        t.join()
+        assert w["responses"] > 0 and "error" not in w["engine"]
+        assert w["engine"]["tokens_per_step"] == 16.0 and w["engine"]["steps_per_s"] > 0
+        assert "; engine: " in sp.summary_line(w) and " steps/s, 16.0 tokens/step" in sp.summary_line(w)
+    finally:
+        po.stop(double)

@@ -100,8 +100,17 @@
 #              with the same request): rftstack serve and bare with TRINITY_ENGINE_ARGS, 12 s windows with numeric
 #              logprobs, then py-spy (PY_SPY) on the serve's Explorer, engine actor, EngineCore and worker (a proxy window)
 #              and on bare's API server, EngineCore and worker (a window of numeric fields) at c=64
+#              (with RFTSTACK_ENGINE_LOG_STATS=1: the serve's windows carry its engine's account from /metrics too)
 #   engine3b-fork0  the serve only, its vLLM worker spawned rather than forked from the engine actor
 #              (RFTSTACK_VLLM_FORK_WORKERS=0): whether the fork is what costs the serve's worker its CPU per response
+#              (its engine's statistics on, as in engine3b-profile)
+#   engine3b-bisect  where between bare and Trinity's engine the distance lies, one start each, 12 s windows with
+#              numeric logprobs: rftstack serve with its engine's statistics on (RFTSTACK_ENGINE_LOG_STATS=1,
+#              patches/trinity-engine-log-stats.patch), bare with TRINITY_ENGINE_ARGS, and bare with every other
+#              engine argument Trinity's engine has too (TRINITY_LIKE_ARGS): if the last is as slow as the serve, an
+#              argument costs it; if it is as fast as bare, the Ray actor Trinity runs vLLM in does. Every window
+#              has the engine's account (steps/s, tokens per step, running requests, the frontend's time against the
+#              time scheduled): fewer running requests with steps as fast is a frontend slow to admit
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -148,10 +157,19 @@ export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}  # no flash
 # would otherwise make every serve of the session compile the same model again (about a minute each)
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/vllm-cache}
 # what Trinity 0.6.0's engine (trinity/common/models/vllm_model.py, AsyncEngineArgs without a usage context) runs
-# with where it differs from `vllm serve`'s defaults on a GPU of >= 70 GiB: vLLM's batch defaults for an engine
-# (2048 tokens, 256 sequences a step; its API server: 8192 and 1024), processed logprobs, seed 42, async
-# scheduling, and the mp executor (rftstack's default); its disable_log_stats is left out (bare's /metrics is read)
-TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:---max-num-batched-tokens 2048 --max-num-seqs 256 --logprobs-mode processed_logprobs --seed 42 --async-scheduling --distributed-executor-backend mp}
+# with where it differs from `vllm serve`'s defaults on a GPU of >= 70 GiB: vLLM's scheduler defaults for an engine
+# (2048 tokens, 128 sequences a step; its API server: 8192 and 1024), processed logprobs, seed 42, async
+# scheduling, and the mp executor (rftstack's default); its disable_log_stats is left out (bare's /metrics is read).
+# Sessions V and W ran it with --max-num-seqs 256 (read wrong from vLLM's code then; tests/bench/test_engine_bisect.py
+# checks it against Trinity's engine since)
+TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:---max-num-batched-tokens 2048 --max-num-seqs 128 --logprobs-mode processed_logprobs --seed 42 --async-scheduling --distributed-executor-backend mp}
+# the rest of what Trinity's engine is built with, for the serve config of bench/serve_vs_bare.py (tests/bench/
+# test_engine_bisect.py checks field by field that TRINITY_ENGINE_ARGS with these gives vLLM's AsyncEngineArgs
+# what Trinity's prepare() gives it with RFTSTACK_ENGINE_LOG_STATS=1): its worker class, remote code, its sampling
+# defaults as the generation config, the checkpoint weight transfer, dtype and caching spelled out, and the
+# load tracking of the API server it starts in its Ray actor
+TRINITY_LIKE_ARGS_DEFAULT='--worker-cls trinity.common.models.vllm_worker.TrinityGPUWorker --trust-remote-code --dtype bfloat16 --enable-prefix-caching --enable-chunked-prefill --override-generation-config {"temperature":1.0,"top_p":1.0,"top_k":-1,"max_new_tokens":1024,"repetition_penalty":1.0} --weight-transfer-config {"backend":"checkpoint"} --enable-server-load-tracking'
+TRINITY_LIKE_ARGS=${TRINITY_LIKE_ARGS:-$TRINITY_LIKE_ARGS_DEFAULT}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(rl rel tiny qwen3b ready default)
 
@@ -259,11 +277,15 @@ for step in "${steps[@]}"; do
         fields3b-profile) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/fields-profile-qwen3b.json" \
                  --concurrency 32,64 --window-s 12 --no-serve --bare --numeric --py-spy "${PY_SPY:-py-spy}" \
                  --bare-profile-requests plain,numeric --bare-variants "$TRINITY_ENGINE_ARGS" ;;
-        engine3b-profile) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-profile-qwen3b.json" \
+        engine3b-profile) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-profile-qwen3b.json" \
                  --concurrency 32,64 --window-s 12 --bare --numeric --py-spy "${PY_SPY:-py-spy}" --bare-profile-requests numeric \
                  --bare-variants "$TRINITY_ENGINE_ARGS" ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
-        engine3b-fork0) wait; RFTSTACK_VLLM_FORK_WORKERS=0 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
-                 --out "$LOGS/bench/engine-fork0-qwen3b.json" --concurrency 32,64 --window-s 12 --numeric \
+        engine3b-fork0) wait; RFTSTACK_VLLM_FORK_WORKERS=0 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py \
+                 --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-fork0-qwen3b.json" --concurrency 32,64 --window-s 12 \
+                 --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        engine3b-bisect) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
+                 --out "$LOGS/bench/engine-bisect-qwen3b.json" --concurrency 32,64 --window-s 12 --bare --numeric \
+                 --bare-variants "$TRINITY_ENGINE_ARGS;$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1

@@ -19,58 +19,17 @@ executor on a GPU is tests/gpu/test_serve_gpu.py's part.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rftstack.stack import policy
 
-from patch_helpers import installed_without
+from patch_helpers import installed_without, probe_engine_args, probed
 
 VAR = "RFTSTACK_ENGINE_EXECUTOR"
 REL = "trinity/common/models/vllm_model.py"
-
-# Child: for each config shape (JSON in argv[2]), the real prepare() of vLLMRolloutModel with the TEST
-# DOUBLE engine factory; prints the executor backend of the engine args, or the error prepare raised.
-PROBE = r"""
-import asyncio, importlib.util, json, sys
-import vllm
-from trinity.common.config import InferenceModelConfig
-if sys.argv[1] == "-":
-    from trinity.common.models import vllm_model as mod
-else:
-    spec = importlib.util.spec_from_file_location("vllm_model_as_published", sys.argv[1])
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-
-class Captured(Exception):
-    pass
-
-class EngineFactoryDouble:
-    '''TEST DOUBLE for vllm.AsyncLLMEngine.from_engine_args: records the args, builds no engine.'''
-    @staticmethod
-    def from_engine_args(engine_args):
-        raise Captured(engine_args.distributed_executor_backend)
-
-vllm.AsyncLLMEngine = EngineFactoryDouble
-out = {}
-for name, fields in json.loads(sys.argv[2]).items():
-    base = dict(model_path="unused-by-the-double", temperature=1.0, top_p=1.0, top_k=-1, logprobs=0, max_model_len=512,
-                max_prompt_tokens=256, max_response_tokens=256, min_response_tokens=0, enable_prompt_truncation=False,
-                repetition_penalty=1.0)
-    base["gpu_per_engine"] = fields.get("tensor_parallel_size", 1) * fields.get("pipeline_parallel_size", 1)
-    model = mod.vLLMRolloutModel(InferenceModelConfig(**{**base, **fields}))
-    try:
-        asyncio.run(model.prepare())
-        out[name] = "prepare returned without building an engine"
-    except Captured as c:
-        out[name] = c.args[0]
-    except Exception as e:
-        out[name] = f"{type(e).__name__}: {e}"
-print("PROBE " + json.dumps(out))
-"""
 
 SHAPES = {
     "one_gpu": {},
@@ -99,19 +58,7 @@ def published_module(tmp_path_factory) -> Path:
 
 
 def probe(module: str, env_value: str | None) -> subprocess.CompletedProcess:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != VAR}
-    if env_value is not None:
-        env[VAR] = env_value
-    return subprocess.run([sys.executable, "-c", PROBE, module, json.dumps(SHAPES)], capture_output=True, text=True,
-                          timeout=300, env=env)  # fmt: skip
-
-
-def chosen(out: subprocess.CompletedProcess) -> dict[str, str]:
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("PROBE ")]
-    return json.loads(line[len("PROBE "):])
+    return probe_engine_args(module, SHAPES, "distributed_executor_backend", VAR, env_value)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +68,7 @@ def backends(published_module) -> dict[str, dict[str, str]]:
     runs = {"published": (str(published_module), None), "patched": ("-", None), "mp": ("-", "mp"), "uni": ("-", "uni")}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         done = {run: pool.submit(probe, *args) for run, args in runs.items()}
-        return {run: chosen(future.result()) for run, future in done.items()}
+        return {run: probed(future.result()) for run, future in done.items()}
 
 
 def test_as_published_every_engine_is_mp_and_a_users_backend_is_a_type_error(backends):
