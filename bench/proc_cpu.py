@@ -33,6 +33,11 @@ def stat_ticks(stat_text: str) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def stat_nice(stat_text: str) -> int:
+    """The niceness in a ``stat`` file's text (field 19 of proc(5)): Ray's workers run at 15 unless told."""
+    return int(stat_text.rsplit(")", 1)[1].split()[16])
+
+
 def _title(pid: str) -> str:
     try:
         raw = (PROC / pid / "cmdline").read_bytes()
@@ -42,13 +47,14 @@ def _title(pid: str) -> str:
 
 
 def snapshot(proc: Path = PROC) -> dict[int, dict]:
-    """{pid: {"title", "ticks", "threads": {tid: (name, ticks)}}} of every process readable now."""
+    """{pid: {"title", "ticks", "nice", "threads": {tid: (name, ticks)}}} of every process readable now."""
     out: dict[int, dict] = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            ticks = stat_ticks((entry / "stat").read_text())
+            stat = (entry / "stat").read_text()
+            ticks, nice = stat_ticks(stat), stat_nice(stat)
             threads = {}
             for task in (entry / "task").iterdir():
                 try:
@@ -57,13 +63,13 @@ def snapshot(proc: Path = PROC) -> dict[int, dict]:
                     continue
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile, or not ours to read
-        out[int(entry.name)] = {"title": _title(entry.name), "ticks": ticks, "threads": threads}
+        out[int(entry.name)] = {"title": _title(entry.name), "ticks": ticks, "nice": nice, "threads": threads}
     return out
 
 
 def window(before: dict[int, dict], after: dict[int, dict], wall_s: float, *, top: int = 12,
            threads: int = 4, responses: int | None = None) -> list[dict]:
-    """The ``top`` processes by CPU between two snapshots (processes in both), each with its CPU seconds,
+    """The ``top`` processes by CPU between two snapshots (processes in both), each with its niceness, CPU seconds,
     cores (CPU s / ``wall_s``), CPU ms per response when ``responses`` is given, and its ``threads`` busiest
     threads (tid, name, CPU s, cores)."""
     rows = []
@@ -83,7 +89,7 @@ def window(before: dict[int, dict], after: dict[int, dict], wall_s: float, *, to
             if t_cpu > 0:
                 ths.append({"tid": tid, "name": name, "cpu_s": round(t_cpu, 2), "cores": round(t_cpu / wall_s, 3)})
         ths.sort(key=lambda t: -t["cpu_s"])
-        row = {"pid": pid, "title": b["title"], "cpu_s": round(cpu, 2), "cores": round(cpu / wall_s, 3),
+        row = {"pid": pid, "title": b["title"], "nice": b.get("nice"), "cpu_s": round(cpu, 2), "cores": round(cpu / wall_s, 3),
                "threads_busy": len(ths), "top_threads": ths[:threads]}
         if responses:
             row["cpu_ms_per_response"] = round(1000 * cpu / responses, 3)

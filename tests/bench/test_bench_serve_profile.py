@@ -39,10 +39,11 @@ time.sleep(60)
 @pytest.fixture
 def spinner(tmp_path):
     """A real child process (``SPIN``, command line ending ``spinner-marker``) whose one thread spins for a minute,
-    started and seen spinning ("go") before the test, killed after it."""
+    started at 5 above this process's niceness and seen spinning ("go") before the test, killed after it."""
     script = tmp_path / "spin.py"
     script.write_text(SPIN)
-    child = subprocess.Popen([sys.executable, str(script), "spinner-marker"], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, str(script), "spinner-marker"], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: os.nice(5))  # fmt: skip
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "go"
         yield SimpleNamespace(pid=child.pid, script=script)
@@ -61,6 +62,7 @@ def test_window_finds_a_busy_thread_and_the_idle_rest(spinner):
     rows = proc_cpu.window(a, b, time.monotonic() - t0, top=50, responses=10)
     mine = next(r for r in rows if r["pid"] == spinner.pid)
     assert "spinner-marker" in mine["title"]
+    assert mine["nice"] == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
     assert 0.5 < mine["cores"] <= 1.1  # one thread's worth (2 shared cores here)
     top = mine["top_threads"][0]
     assert top["tid"] != spinner.pid and top["cores"] > 0.5

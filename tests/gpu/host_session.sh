@@ -111,6 +111,9 @@
 #              argument costs it; if it is as fast as bare, the Ray actor Trinity runs vLLM in does. Every window
 #              has the engine's account (steps/s, tokens per step, running requests, the frontend's time against the
 #              time scheduled): fewer running requests with steps as fast is a frontend slow to admit
+#   engine3b-nice0  the serve only, as in engine3b-bisect but its Ray workers at niceness 0 (--worker-niceness 0 through
+#              RFTSTACK_WORKER_NICENESS; Ray's default is 15, which its proxy, engine actor, EngineCore and worker
+#              inherit, where bare runs at 0): run right after engine3b-bisect, whose serve is the same at 15
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -282,6 +285,9 @@ for step in "${steps[@]}"; do
                  --bare-variants "$TRINITY_ENGINE_ARGS" ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         engine3b-fork0) wait; RFTSTACK_VLLM_FORK_WORKERS=0 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py \
                  --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-fork0-qwen3b.json" --concurrency 32,64 --window-s 12 \
+                 --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        engine3b-nice0) wait; RFTSTACK_WORKER_NICENESS=0 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py \
+                 --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-nice0-qwen3b.json" --concurrency 32,64 --window-s 12 \
                  --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         engine3b-bisect) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
                  --out "$LOGS/bench/engine-bisect-qwen3b.json" --concurrency 32,64 --window-s 12 --bare --numeric \

@@ -42,7 +42,7 @@ import uuid
 from pathlib import Path
 
 from rftstack.doctor.netstat import free_ports
-from rftstack.run import supervisor
+from rftstack.run import niceness, supervisor
 from rftstack.errors import UserError
 from rftstack.doctor.cluster_net import client_env, is_loopback_host  # noqa: F401 - re-exported: callers reach a head through run.ray_head
 
@@ -452,6 +452,7 @@ def configure_common(parser, role: str) -> None:
     parser.add_argument("--tls-key", type=Path, default=None, help="this node's TLS key (PEM): Ray's RAY_TLS_SERVER_KEY")
     parser.add_argument("--tls-ca", type=Path, default=None, help="the CA that signed every node's certificate: Ray's RAY_TLS_CA_CERT")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    niceness.add_argument(parser, f"this {role} node")
 
 
 def configure(parser) -> None:
@@ -509,6 +510,8 @@ def report(head: Head, args, **extra) -> None:
         named = ", ".join(f"{k} {v}" for k, v in head.wildcard_ports.items())
         print(f"  Ray 2.60 binds these on every interface (it has no setting for it): {named}, and its workers' ports {lo}-{hi}; "
               "let only the private network reach them (docs/cluster.md)")  # fmt: skip
+    if "worker_niceness" in extra:
+        print(f"  its Ray workers (every actor, and what an actor forks) run at niceness {extra['worker_niceness']}")
     if head.role == "head":
         print(f"  dashboard: {head.dashboard_url}   token file: {head.token_path}")
     print("  connect with:")
@@ -553,9 +556,11 @@ def run(args) -> int:
     if existing is not None:
         report(existing, args, already_running=True)
         return 0
-    head = start(state_dir=state_dir, num_gpus=args.num_gpus, num_cpus=args.num_cpus, progress=say, node_ip=node_ip, tls=tls)
+    nice = niceness.asked(args.worker_niceness, os.environ)
+    head = start(state_dir=state_dir, num_gpus=args.num_gpus, num_cpus=args.num_cpus, progress=say, node_ip=node_ip, tls=tls,
+                 env={**os.environ, **niceness.head_env(nice)})  # fmt: skip
     save(head, state_dir)
-    report(head, args)
+    report(head, args, worker_niceness=niceness.effective(nice))
     if not args.block:
         return 0
     return block(head, state_dir, say)

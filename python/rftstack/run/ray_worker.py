@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from rftstack.doctor import cluster_net
-from rftstack.run import ray_head, supervisor
+from rftstack.run import niceness, ray_head, supervisor
 from rftstack.errors import UserError
 
 # the head's ports are its own; a worker runs only these servers
@@ -125,10 +125,11 @@ def run(args) -> int:
     if existing is not None:
         ray_head.report(existing, args, already_running=True)
         return 0
+    nice = niceness.asked(args.worker_niceness, os.environ)
     node = start(head_address=args.address, token_path=args.token_file, state_dir=state_dir, num_gpus=args.num_gpus,
-                 num_cpus=args.num_cpus, tls=tls, progress=say)  # fmt: skip
+                 num_cpus=args.num_cpus, tls=tls, progress=say, env={**os.environ, **niceness.head_env(nice)})  # fmt: skip
     ray_head.save(node, state_dir)
-    ray_head.report(node, args)
+    ray_head.report(node, args, worker_niceness=niceness.effective(nice))
     if not args.block:
         return 0
     return ray_head.block(node, state_dir, say)

@@ -24,6 +24,7 @@ import yaml
 
 from rftstack.doctor import cluster_net, netstat
 from rftstack.run import apikey
+from rftstack.run import niceness
 from rftstack.run import ray_head
 from rftstack.run import readiness
 from rftstack.run import rundir
@@ -220,6 +221,7 @@ class Plan:
     key_file: Path | None = None  # --expose: the proxy's API key file
     proxy_env: dict[str, str] = dataclasses.field(default_factory=dict)  # what the proxy reads from the head's environment
     warm_workers: int = 0  # idle Ray workers the own head starts with Trinity's modules imported (warm_workers.py)
+    worker_niceness: int | None = None  # the own head's workers' niceness (niceness.py; None: Ray's)
     head_env: dict[str, str] = dataclasses.field(default_factory=dict)  # everything the own head is started with beyond os.environ
     driver_env: dict[str, str] = dataclasses.field(default_factory=dict)  # what `trinity run` gets for the warm workers
 
@@ -363,6 +365,7 @@ class Serve:
         if args.dashboard and args.ray_address:
             raise UserError("--dashboard starts Ray's dashboard with this serve's own Ray head; leave out --ray-address (the joined head has its own) or --dashboard")
         self._plan_warm_workers(plan)
+        self._plan_niceness(plan)
         rundir.write_atomic(self.run.root / "config.preflight.yaml", yaml.safe_dump(plan.preflight_cfg, sort_keys=False))
         if args.ray_address:
             plan.token_path = args.ray_token_path or os.environ.get("RAY_AUTH_TOKEN_PATH")
@@ -385,6 +388,15 @@ class Serve:
             plan.head_env.update(warm_workers.head_env(trinity, plan.warm_workers))
             plan.driver_env = warm_workers.driver_env(trinity)
 
+    def _plan_niceness(self, plan: Plan) -> None:
+        if self.args.ray_address:
+            if self.args.worker_niceness is not None:
+                raise UserError("--worker-niceness sets the niceness of the workers of this serve's own Ray head; leave out --ray-address "
+                                "(the joined head's node was started with its own, `rftstack ray-head --worker-niceness`) or --worker-niceness")  # fmt: skip
+            return
+        plan.worker_niceness = niceness.asked(self.args.worker_niceness, os.environ)
+        plan.head_env.update(niceness.head_env(plan.worker_niceness))
+
     def _effective(self, plan: Plan, ray_address: str):
         return serve_config.effective(plan.user_cfg, run_dir=str(self.run.root), ray_address=ray_address,
                                       proxy_port=plan.port, expose=self.args.expose, model_max_len=plan.model_max_len)  # fmt: skip
@@ -405,6 +417,9 @@ class Serve:
                 # its temp dir removed
                 if plan.warm_workers:
                     self.say(f"  {plan.warm_workers} idle Ray workers start with the head, importing Trinity's actor modules (--warm-workers 0: none)")
+                nice = niceness.effective(plan.worker_niceness)
+                self.say(f"  Ray workers (the proxy, the engines and what they fork) run at niceness {nice}"
+                         + (" (Ray's default; --worker-niceness 0: as `vllm serve` from the shell)" if plan.worker_niceness is None else ""))
                 with HeadStarter(self, self.args.num_gpus, plan.head_env, driver_check=False, dashboard=self.args.dashboard) as starter:
                     self._preflight(None)
                     self._preflight(preflight, probe)
@@ -443,7 +458,7 @@ class Serve:
         self.say(f"Ray dashboard {dashboard} (loopback, asks for the head's token)" if dashboard else "no Ray dashboard (--dashboard starts one)")
         self.phase("ray", ray={"address": ray_address, "ports": self.head.ports, "dashboard": dashboard,
                                "pids": [p.pid for p in self.head.processes()], "tag": self.head.tag,
-                               "warm_workers": plan.warm_workers})  # fmt: skip
+                               "warm_workers": plan.warm_workers, "worker_niceness": niceness.effective(plan.worker_niceness)})  # fmt: skip
         return ray_env, ray_address
 
     # -- phase config: the effective config and environment
@@ -729,6 +744,7 @@ def configure(parser) -> None:
     parser.add_argument("--warm-workers", type=int, default=None, metavar="N",
                         help="idle Ray workers this serve's own head starts with Trinity's actor modules imported, so that its actors "
                              "skip those imports (default: $RFTSTACK_WARM_WORKERS, else one per actor of the config; 0: none, as plain Ray and Trinity)")
+    niceness.add_argument(parser, "this serve's own head")
     parser.add_argument("--skip-doctor", action="store_true", help="skip the preflight checks (experts)")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the proxy (default 900)")
     parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds trinity gets to stop before SIGKILL (default 60)")
