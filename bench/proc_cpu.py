@@ -106,6 +106,15 @@ def find(snap: dict[int, dict], prefix: str) -> list[int]:
     return sorted(pid for pid, p in snap.items() if p["title"].startswith(prefix))
 
 
+def sched_autogroup() -> str | None:
+    """The kernel's autogroup switch (/proc/sys/kernel/sched_autogroup_enabled): with 1, processes outside a CPU cgroup
+    share the CPUs session by session first, and niceness counts only within a session; None where unreadable."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        return None
+
+
 def parse_proc_stat(text: str) -> dict[str, int]:
     """The ticks of /proc/stat's aggregate ``cpu`` line, by :data:`STAT_FIELDS` name."""
     for line in text.splitlines():

@@ -78,6 +78,9 @@ Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   numeric     the proxy asks for numeric logprobs (RFTSTACK_PROXY_NUMERIC_LOGPROBS=1,
               patches/trinity-proxy-numeric-logprobs.patch; the double answers as the patched vLLM does);
               without it every variant runs with 0 (upstream's logprobs objects)
+  nice15      the proxy process at niceness 15, as Ray starts Trinity's Explorer actor (rftstack.run.niceness;
+              `rftstack serve --worker-niceness 0` starts it at 0), the load generator and the upstream at this
+              process's: what the proxy keeps of a machine whose CPUs it shares with busy processes
 
     python bench/proxy_overhead.py --out bench/results/proxy-cpu.json \\
         [--variants hop,memory,sqlite,sqlite-shm,sqlite-wal,sqlite+quiet] [--concurrency 1,8,32,64] [--requests 400]
@@ -109,6 +112,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loadgen  # noqa: E402
+import proc_cpu  # noqa: E402
 import recorder_process  # noqa: E402
 from rftstack.doctor.netstat import free_port
 
@@ -118,7 +122,8 @@ VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sq
 RECORDER_PROCESSES = {"sqlite-process": 1, "sqlite-process4": 4}  # variant: recorder processes
 BUILDERS = {"sqlite-build": 1, "sqlite-build4": 4}  # variant: experience builder processes
 RECORDERS = {"sqlite-record": 1, "sqlite-record4": 4}  # variant: the patch's recording processes
-FLAGS = ("quiet", "h11", "published", "offer", "numeric")
+FLAGS = ("quiet", "h11", "published", "offer", "numeric", "nice15")
+RAY_WORKER_NICENESS = 15  # +nice15: the proxy at the niceness Ray starts its Explorer actor with (rftstack.run.niceness)
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
@@ -128,6 +133,7 @@ BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # read by the patched recorder.py
 RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"  # the same
 NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # read by the patched app.py
 WARMUP = 8  # unmeasured requests before each level
+BUSY_LOOP = "while True:\n    pass\n"  # --busy: one process of other work, one core's worth
 
 
 def group_commit_setting(variant: str) -> str | None:
@@ -353,6 +359,7 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
     print(f"FAST_FORWARD {os.environ[FAST_FORWARD_VAR]}", flush=True)
+    print(f"NICENESS {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
     print(f"NUMERIC_LOGPROBS {int(getattr(proxy_app, '_NUMERIC_LOGPROBS', False))}", flush=True)
     if group_commit is not None and hasattr(service, "recorder"):  # sqlite-process: the recorder process prints it
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
@@ -462,10 +469,11 @@ def wait_http(url: str, proc: subprocess.Popen, limit_s: float) -> None:
     raise RuntimeError(f"{url} did not answer within {limit_s} s")
 
 
-def start(argv: list[str], log: Path) -> subprocess.Popen:
+def start(argv: list[str], log: Path, nice: int = 0) -> subprocess.Popen:
+    """``argv`` in a session of its own, its output in ``log``; ``nice`` above this process's niceness."""
     f = open(log, "w")  # noqa: SIM115 (the child keeps it)
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
 def start_double(logs: Path, delay_s: float = 0.0, name: str = "") -> tuple[subprocess.Popen, str]:
@@ -487,8 +495,9 @@ def start_double(logs: Path, delay_s: float = 0.0, name: str = "") -> tuple[subp
 def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple[subprocess.Popen, int]:
     """Trinity's proxy (this script's --serve-proxy child) for ``variant``, and its port."""
     port = free_port()
+    nice = RAY_WORKER_NICENESS - os.getpriority(os.PRIO_PROCESS, 0) if "nice15" in flags(variant) else 0
     proxy = start([sys.executable, str(Path(__file__).resolve()), "--serve-proxy", "--upstream", upstream, "--port", str(port),
-                   "--variant", variant, "--workdir", str(workdir)], logs / f"proxy-{variant}.log")
+                   "--variant", variant, "--workdir", str(workdir)], logs / f"proxy-{variant}.log", nice=max(nice, 0))
     return proxy, port
 
 
@@ -539,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spread", type=float, default=0.0, metavar="S",
                     help="spread output lengths as loadgen's --max-tokens-spread (0: all --max-tokens)")
     ap.add_argument("--upstream-delay-s", type=float, default=0.0, help="the double's delay per request")
+    ap.add_argument("--startup-timeout-s", type=float, default=300.0,
+                    help="how long a variant's proxy may take to answer /health; after it, the variant's result says so")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N processes spinning at this process's niceness through every run: other work on the machine "
+                         "(the agent, a trainer), which the proxy shares the CPUs with (see +nice15)")
     ap.add_argument("--logs", default=None, help="directory for the child logs (default: next to --out)")
     # internal: the proxy child
     ap.add_argument("--serve-proxy", action="store_true", help=argparse.SUPPRESS)
@@ -558,12 +572,16 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"proxy_overhead: {problem}", file=sys.stderr)
         return 2
+    if args.busy < 0:
+        print("proxy_overhead: --busy takes a number of spinning processes, 0 or more", file=sys.stderr)
+        return 2
     levels = loadgen.parse_levels(args.concurrency)
     out = Path(args.out)
     logs = Path(args.logs) if args.logs else out.parent / (out.stem + "-logs")
     logs.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
-    result = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+    result = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                          "sched_autogroup": proc_cpu.sched_autogroup()},
               "command": " ".join([sys.executable, *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "upstream": "TEST DOUBLE (bench/openai_double.py)", "upstream_delay_s": args.upstream_delay_s,
               "max_tokens_spread": args.spread, "runs": {}}
@@ -573,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
                                        warmup=WARMUP, level_timeout_s=120, spread=args.spread, progress=lambda m: print(m, flush=True),
                                        headers=headers))
 
+    result["busy_processes"] = args.busy
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(args.busy)]
     double, url = start_double(logs, args.upstream_delay_s)
     try:
         result["runs"]["direct"] = run_load(url, "direct to the test double")
@@ -580,7 +600,13 @@ def main(argv: list[str] | None = None) -> int:
             proxy, port = start_proxy(url, v, work, logs)
             try:
                 t0 = time.monotonic()
-                wait_http(f"http://127.0.0.1:{port}/health", proxy, 300)
+                try:
+                    wait_http(f"http://127.0.0.1:{port}/health", proxy, args.startup_timeout_s)
+                except RuntimeError as exc:  # a result too: e.g. a nice-15 proxy beside busy processes (+nice15, --busy)
+                    result["runs"][v] = {"levels": [], "proxy_startup_s": None, "start_error": str(exc)}
+                    out.write_text(json.dumps(result, indent=2) + "\n")
+                    print(f"proxy ({v}): {exc}", flush=True)
+                    continue
                 startup = time.monotonic() - t0
                 if build_setting(v) != "0" or record_setting(v) != "0":
                     wait_builders(logs / f"proxy-{v}.log", int(build_setting(v)) or int(record_setting(v)), proxy, 300)
@@ -607,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
             if rows:
                 r["recorded_rows"] = int(rows[-1].split()[1])
             r["proxy_gc_tuning"] = any("objects frozen for the garbage collector" in ln for ln in log)
+            nice = [ln for ln in log if ln.startswith("NICENESS ")]
+            if nice:
+                r["proxy_niceness"] = int(nice[-1].split()[1])
             fast = [ln for ln in log if ln.startswith("FAST_FORWARD ")]
             if fast:
                 r["proxy_fast_forward"] = fast[-1].split()[1] == "1"
@@ -620,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             out.write_text(json.dumps(result, indent=2) + "\n")
     finally:
         stop(double)
+        for p in busy:
+            stop(p)
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
@@ -650,6 +681,8 @@ def summary(result: dict) -> dict:
                 "errors": lv["errors"],
                 **ratios,
             }
+        if run.get("start_error"):
+            rows["start_error"] = run["start_error"]
         if run.get("proxy_cpu_ms_per_response") is not None:
             rows["cpu_ms_per_response"] = run["proxy_cpu_ms_per_response"]
         if run.get("recorder_cpu_ms_per_response") is not None:

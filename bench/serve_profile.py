@@ -7,6 +7,9 @@ concurrency level a closed loop of clients for ``--warmup-s`` + ``--window-s``:
   engine   straight to the vLLM OpenAI server inside Trinity's engine actor, with what the proxy adds to
            every request (logprobs, return_token_ids): the engine's own rate at that concurrency
 
+With ``RFTSTACK_ENGINE_LOG_STATS=1`` in the environment (patches/trinity-engine-log-stats.patch: Trinity's engine keeps
+vLLM's statistics), every serve window also carries the engine's own account from its /metrics, as bare's do.
+
 Per window: responses/s, p50/p99 latency, and the CPU of every process from /proc (bench/proc_cpu.py: cores
 used, CPU ms per response, the busiest threads; a thread near 1.0 core is a bound), and of the machine (cores busy,
 steal: what the hypervisor took; a cgroup's throttling where there is one). With ``--py-spy``, the
@@ -482,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result: dict = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+    result: dict = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                                "sched_autogroup": proc_cpu.sched_autogroup()},
                     "command": " ".join([sys.executable, *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "model": str(Path(args.model).resolve()), "max_tokens": args.max_tokens, "window_s": args.window_s}
 

@@ -222,3 +222,56 @@ def test_numeric_flag_side_by_side(tmp_path):
         run = res["runs"][v]
         assert run["proxy_numeric_logprobs"] is on
         assert run["levels"][0]["ok"] == 24 and run["recorded_rows"] == 8 + 24
+
+
+def busy_loops() -> list[int]:
+    """Pids of processes running proxy_overhead's BUSY_LOOP (its --busy spinners)."""
+    import proxy_overhead as po
+
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().split(b"\0")[2:3] == [po.BUSY_LOOP.encode()]:
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_nice15_runs_the_proxy_at_rays_niceness_beside_busy_processes(tmp_path):
+    """+nice15: the proxy process at niceness 15 (Ray's for the Explorer actor), the other at this process's; --busy 1:
+    one spinning process through every run, none left after; the machine's autogroup switch is recorded."""
+    import os
+
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "hop-gc,hop-gc+nice15",
+                        "--concurrency", "2", "--requests", "10", "--max-tokens", "5", "--busy", "1"],
+                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert res["runs"]["hop-gc"]["proxy_niceness"] == own and res["runs"]["hop-gc+nice15"]["proxy_niceness"] == max(own, 15)
+    assert all(res["runs"][v]["levels"][0]["ok"] == 10 for v in ("hop-gc", "hop-gc+nice15"))
+    assert res["busy_processes"] == 1 and busy_loops() == []
+    assert res["machine"]["sched_autogroup"] == Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+
+
+def test_a_proxy_that_does_not_start_in_time_is_a_result(tmp_path):
+    """--startup-timeout-s: a variant whose proxy does not answer /health in time gets its sentence in the result and
+    the summary, the next variant still runs."""
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "hop-gc",
+                        "--concurrency", "2", "--requests", "4", "--max-tokens", "5", "--startup-timeout-s", "0.01"],
+                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["runs"]["hop-gc"]["levels"] == [] and res["runs"]["hop-gc"]["proxy_startup_s"] is None
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/health did not answer within 0\.01 s", res["summary"]["hop-gc"]["start_error"])
+    assert res["runs"]["direct"]["levels"][0]["ok"] == 4
+
+
+def test_busy_takes_no_negative_count(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(tmp_path / "x.json"), "--variants", "hop",
+                        "--busy", "-1"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.strip() == "proxy_overhead: --busy takes a number of spinning processes, 0 or more"

@@ -296,6 +296,8 @@ for step in "${steps[@]}"; do
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
                    echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1
+                   echo "--- autogroup (niceness counts within a session when 1, outside a CPU cgroup)"
+                   cat /proc/sys/kernel/sched_autogroup_enabled /proc/self/autogroup /proc/self/cgroup 2>&1
                    echo "--- /proc/stat"; head -1 /proc/stat; echo "--- nvidia-smi topo"; nvidia-smi topo -m 2>&1
                  } > "$LOGS/cpuinfo.txt" 2>&1 ;;
         proxycpu) python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host.json" --variants sqlite-gc,hop-gc \
