@@ -14,10 +14,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def overhead(out: Path, variants: str, concurrency: int, requests: int, max_tokens: int) -> subprocess.CompletedProcess:
-    """bench/proxy_overhead.py with these variants and one load level, its JSON to ``out``."""
+def overhead(out: Path, variants: str, concurrency: int, requests: int, max_tokens: int, *extra: str) -> subprocess.CompletedProcess:
+    """bench/proxy_overhead.py with these variants and one load level (and ``extra`` arguments), its JSON to ``out``."""
     return subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", variants,
-                           "--concurrency", str(concurrency), "--requests", str(requests), "--max-tokens", str(max_tokens)],
+                           "--concurrency", str(concurrency), "--requests", str(requests), "--max-tokens", str(max_tokens), *extra],
                           capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
 
 
@@ -245,9 +245,7 @@ def test_nice15_runs_the_proxy_at_rays_niceness_beside_busy_processes(tmp_path):
     import os
 
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "hop-gc,hop-gc+nice15",
-                        "--concurrency", "2", "--requests", "10", "--max-tokens", "5", "--busy", "1"],
-                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    r = overhead(out, "hop-gc,hop-gc+nice15", 2, 10, 5, "--busy", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     own = os.getpriority(os.PRIO_PROCESS, 0)
@@ -259,15 +257,14 @@ def test_nice15_runs_the_proxy_at_rays_niceness_beside_busy_processes(tmp_path):
 
 def test_a_proxy_that_does_not_start_in_time_is_a_result(tmp_path):
     """--startup-timeout-s: a variant whose proxy does not answer /health in time gets its sentence in the result and
-    the summary, the next variant still runs."""
+    the summary, and the next variant still runs (here it cannot start in time either)."""
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(out), "--variants", "hop-gc",
-                        "--concurrency", "2", "--requests", "4", "--max-tokens", "5", "--startup-timeout-s", "0.01"],
-                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    r = overhead(out, "hop-gc,hop", 2, 4, 5, "--startup-timeout-s", "0.01")
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert res["runs"]["hop-gc"]["levels"] == [] and res["runs"]["hop-gc"]["proxy_startup_s"] is None
-    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/health did not answer within 0\.01 s", res["summary"]["hop-gc"]["start_error"])
+    for v in ("hop-gc", "hop"):
+        assert res["runs"][v]["levels"] == [] and res["runs"][v]["proxy_startup_s"] is None
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/health did not answer within 0\.01 s", res["summary"][v]["start_error"])
     assert res["runs"]["direct"]["levels"][0]["ok"] == 4
 
 
