@@ -115,6 +115,7 @@ import loadgen  # noqa: E402
 import proc_cpu  # noqa: E402
 import recorder_process  # noqa: E402
 from rftstack.doctor.netstat import free_port
+from rftstack.run import niceness
 
 VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sqlite-fast", "sqlite-gc", "sqlite-shm",
             "sqlite-wal", "sqlite-pool1", "sqlite-prebuilt", "sqlite-process",
@@ -123,7 +124,6 @@ RECORDER_PROCESSES = {"sqlite-process": 1, "sqlite-process4": 4}  # variant: rec
 BUILDERS = {"sqlite-build": 1, "sqlite-build4": 4}  # variant: experience builder processes
 RECORDERS = {"sqlite-record": 1, "sqlite-record4": 4}  # variant: the patch's recording processes
 FLAGS = ("quiet", "h11", "published", "offer", "numeric", "nice15")
-RAY_WORKER_NICENESS = 15  # +nice15: the proxy at the niceness Ray starts its Explorer actor with (rftstack.run.niceness)
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
@@ -495,7 +495,7 @@ def start_double(logs: Path, delay_s: float = 0.0, name: str = "") -> tuple[subp
 def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple[subprocess.Popen, int]:
     """Trinity's proxy (this script's --serve-proxy child) for ``variant``, and its port."""
     port = free_port()
-    nice = RAY_WORKER_NICENESS - os.getpriority(os.PRIO_PROCESS, 0) if "nice15" in flags(variant) else 0
+    nice = niceness.RAY_DEFAULT - os.getpriority(os.PRIO_PROCESS, 0) if "nice15" in flags(variant) else 0
     proxy = start([sys.executable, str(Path(__file__).resolve()), "--serve-proxy", "--upstream", upstream, "--port", str(port),
                    "--variant", variant, "--workdir", str(workdir)], logs / f"proxy-{variant}.log", nice=max(nice, 0))
     return proxy, port

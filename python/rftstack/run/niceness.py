@@ -4,8 +4,9 @@ Ray's raylet starts every worker, so every actor, at niceness 15 (its ``worker_n
 ``RAY_worker_niceness``), to keep them from starving Ray's own processes; a process an actor forks
 inherits it. In a serve that is Trinity's proxy (the Explorer actor), its engine actor (vLLM's API
 server) and vLLM's EngineCore and worker, where bare ``vllm serve`` runs at the niceness of the shell
-(0): whenever the machine's CPUs are contended (the user's agent or trainer on the same host), the
-serve's processes get a small share of them. ``--worker-niceness N`` (``$RFTSTACK_WORKER_NICENESS``)
+(0). With the kernel's autogroup off, the serve's processes then get a small share of CPUs that other work
+keeps busy; with it on, processes outside a CPU cgroup share the CPUs session by session first, and
+`ray start` runs in a session of its own (docs/benchmarks.md section 1, session X). ``--worker-niceness N`` (``$RFTSTACK_WORKER_NICENESS``)
 starts the node's workers at N instead; unset, Ray's 15 as upstream. Only 0-19: a value below the
 shell's own needs privileges the raylet does not have.
 """
