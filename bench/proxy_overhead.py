@@ -78,6 +78,10 @@ Flags, added to a variant with ``+`` (e.g. ``sqlite+quiet``, ``hop+h11+offer``):
   numeric     the proxy asks for numeric logprobs (RFTSTACK_PROXY_NUMERIC_LOGPROBS=1,
               patches/trinity-proxy-numeric-logprobs.patch; the double answers as the patched vLLM does);
               without it every variant runs with 0 (upstream's logprobs objects)
+  actor       the proxy served from a Ray actor's event loop, as Trinity's Explorer serves it (and its engine actor
+              vLLM's API server): the child starts a Ray node of its own (no dashboard; its workers at the child's
+              niceness, RAY_worker_niceness=0, so that +nice15 stays the niceness on its own) and runs the same
+              set-up in an actor; the CPU reported is the actor's process's
   nice15      the proxy process at niceness 15, as Ray starts Trinity's Explorer actor (rftstack.run.niceness;
               `rftstack serve --worker-niceness 0` starts it at 0), the load generator and the upstream at this
               process's: what the proxy keeps of a machine whose CPUs it shares with busy processes
@@ -101,12 +105,14 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -123,7 +129,7 @@ VARIANTS = ("hop", "hop-fast", "hop-gc", "memory", "sqlite", "sqlite-group", "sq
 RECORDER_PROCESSES = {"sqlite-process": 1, "sqlite-process4": 4}  # variant: recorder processes
 BUILDERS = {"sqlite-build": 1, "sqlite-build4": 4}  # variant: experience builder processes
 RECORDERS = {"sqlite-record": 1, "sqlite-record4": 4}  # variant: the patch's recording processes
-FLAGS = ("quiet", "h11", "published", "offer", "numeric", "nice15")
+FLAGS = ("quiet", "h11", "published", "offer", "numeric", "nice15", "actor")
 H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA"}
 UPGRADE_PATCH = "uvicorn-httptools-ignore-upgrade.patch"
 GROUP_COMMIT_VAR = "RFTSTACK_RECORDER_GROUP_COMMIT"  # read by the patched recorder
@@ -243,8 +249,24 @@ def recorder_patch_installed(variable: str) -> bool:
     return recorder.is_file() and variable in recorder.read_text()
 
 
-def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
-    """Run Trinity's proxy app on ``port`` (this is the child process)."""
+def serve_proxy(upstream: str, port: int, variant: str, workdir: str, log: str | None = None) -> None:
+    """Run Trinity's proxy app on ``port`` (this is the child process): in this process, or with +actor in a Ray
+    actor that this process starts on a Ray node of its own (``log``: the child's log, where the actor's lines go)."""
+    if "actor" in flags(variant):
+        serve_in_ray_actor(upstream, port, variant, workdir, log or os.devnull)
+        return
+    serve, finish = setup_proxy(upstream, port, variant, workdir)
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on
+        pass
+    finally:
+        finish()
+
+
+def setup_proxy(upstream: str, port: int, variant: str, workdir: str) -> tuple[Callable[[], Awaitable[None]], Callable[[], None]]:
+    """Trinity's proxy app set up for ``variant`` to serve on ``port``: the coroutine function that serves it, and
+    what to run once it has stopped (the gc record, the recorders stopped, the rows counted)."""
     os.environ[FAST_FORWARD_VAR] = fast_forward_setting(variant)  # read when app.py is imported
     os.environ[GC_VAR] = gc_setting(variant)  # the same
     os.environ[BUILD_VAR] = build_setting(variant)  # read when recorder.py is imported
@@ -358,24 +380,24 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
     proxy_app.app.state.service = service
     proxy_app.app.state.temperature = 1.0
     proxy_app.app.state.inference_timeout = 300
-    print(f"FAST_FORWARD {os.environ[FAST_FORWARD_VAR]}", flush=True)
+    print(f"FAST_FORWARD {int(getattr(proxy_app, '_FAST_FORWARD', False))}", flush=True)  # the module's, as imported
     print(f"NICENESS {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
     print(f"NUMERIC_LOGPROBS {int(getattr(proxy_app, '_NUMERIC_LOGPROBS', False))}", flush=True)
     if group_commit is not None and hasattr(service, "recorder"):  # sqlite-process: the recorder process prints it
         print(f"GROUP_COMMIT {int(getattr(service.recorder, '_group_commit', False))}", flush=True)
     gc_events = record_gc()
     print(f"READY {port}", flush=True)
-    try:
+
+    async def serve() -> None:
         if flag & {"quiet", "h11", "published"}:
             http = "h11" if "h11" in flag else published_httptools_protocol(workdir) if "published" in flag else "auto"
             config = uvicorn.Config(proxy_app.app, host="127.0.0.1", port=port, access_log="quiet" not in flag, http=http)
             print(f"HTTP_PROTOCOL {config.http if isinstance(config.http, str) else 'httptools (published)'}", flush=True)
-            asyncio.run(uvicorn.Server(config).serve())
+            await uvicorn.Server(config).serve()
         else:
-            asyncio.run(proxy_app.serve_http(proxy_app.app, "127.0.0.1", port))  # as Trinity calls it
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on
-        pass
-    finally:
+            await proxy_app.serve_http(proxy_app.app, "127.0.0.1", port)  # as Trinity calls it
+
+    def finish() -> None:
         Path(workdir, f"gc-{variant}.json").write_text(json.dumps(gc_events))
         for child, _ in getattr(service, "recording", []):
             stop_recorder(child)  # its rows are all committed once it has ended
@@ -386,6 +408,57 @@ def serve_proxy(upstream: str, port: int, variant: str, workdir: str) -> None:
             rows = sqlite3.connect(p).execute("select count(*) from proxy_history").fetchone()[0]
             print(f"ROWS {rows}", flush=True)
             os.unlink(p)
+
+    return serve, finish
+
+
+class ProxyActor:
+    """Trinity's proxy served from a Ray actor's event loop, as Trinity's Explorer serves it (and as its engine actor
+    serves vLLM's API server): made a Ray actor by serve_in_ray_actor. Its lines (READY, ROWS...) go to ``log``."""
+
+    async def start(self, upstream: str, port: int, variant: str, workdir: str, log: str) -> None:
+        sys.stdout = open(log, "a", buffering=1)  # noqa: SIM115 (the actor's life)
+        print(f"PROXY_PID {os.getpid()}", flush=True)
+        serve, self.finish = setup_proxy(upstream, port, variant, workdir)
+        self.task = asyncio.get_running_loop().create_task(serve())
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        try:
+            await self.task
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            pass
+        self.finish()
+        sys.stdout.flush()
+
+
+def serve_in_ray_actor(upstream: str, port: int, variant: str, workdir: str, log: str) -> None:
+    """+actor (the child): a Ray node of its own (no dashboard, its workers at this process's niceness), the proxy in
+    a ProxyActor on it, until SIGINT; then the actor stopped (its finish) and the node shut down."""
+    if log != os.devnull:  # the actor appends to the child's log too: every writer appends, none writes over another
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    # read when ray is imported: under `uv run` Ray's hook would ship this tree to workers that `uv run` a fresh,
+    # unpatched environment of the lock (rftstack serve turns it off too: rftstack.doctor.cluster_net)
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    os.environ["RAY_worker_niceness"] = "0"  # Ray's default is 15 (see +nice15 for the niceness on its own)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
+    import ray
+
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's sockets live below it
+    print(f"RAY_TEMP {temp}", flush=True)
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+    try:
+        actor = ray.remote(ProxyActor).remote()
+        ray.get(actor.start.remote(upstream, port, variant, workdir, log))  # it says PROXY_PID
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # only here: Ray's processes inherit a mask
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        ray.get(actor.stop.remote(), timeout=60)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 class RawAnswer(dict):
@@ -496,8 +569,9 @@ def start_proxy(upstream: str, variant: str, workdir: Path, logs: Path) -> tuple
     """Trinity's proxy (this script's --serve-proxy child) for ``variant``, and its port."""
     port = free_port()
     nice = niceness.RAY_DEFAULT - os.getpriority(os.PRIO_PROCESS, 0) if "nice15" in flags(variant) else 0
+    log = logs / f"proxy-{variant}.log"
     proxy = start([sys.executable, str(Path(__file__).resolve()), "--serve-proxy", "--upstream", upstream, "--port", str(port),
-                   "--variant", variant, "--workdir", str(workdir)], logs / f"proxy-{variant}.log", nice=max(nice, 0))
+                   "--variant", variant, "--workdir", str(workdir), "--log", str(log)], log, nice=max(nice, 0))
     return proxy, port
 
 
@@ -508,6 +582,12 @@ def recorder_pids(proxy_log: Path) -> list[int]:
     builders = re.search(r"Experience (?:builder|recorder)s: \d+ processes .* pids ([\d ]+)", text)
     return [int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("RECORDER_PID ")] + (
         [int(p) for p in builders.group(1).split()] if builders else [])
+
+
+def serving_pid(proxy_log: Path, child: int) -> int:
+    """The process that serves the proxy: the Ray actor's (+actor: its PROXY_PID line), else the child itself."""
+    pids = [int(ln.split()[1]) for ln in proxy_log.read_text().splitlines() if ln.startswith("PROXY_PID ")]
+    return pids[-1] if pids else child
 
 
 def wait_builders(proxy_log: Path, count: int, proc: subprocess.Popen, limit_s: float) -> None:
@@ -560,9 +640,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    ap.add_argument("--log", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_proxy:
-        serve_proxy(args.upstream, args.port, args.variant, args.workdir)
+        serve_proxy(args.upstream, args.port, args.variant, args.workdir, args.log)
         return 0
     if not args.out:
         print("proxy_overhead: --out is required", file=sys.stderr)
@@ -611,15 +692,17 @@ def main(argv: list[str] | None = None) -> int:
                 if build_setting(v) != "0" or record_setting(v) != "0":
                     wait_builders(logs / f"proxy-{v}.log", int(build_setting(v)) or int(record_setting(v)), proxy, 300)
                 recorders = recorder_pids(logs / f"proxy-{v}.log")
-                cpu0, load0 = process_cpu_s(proxy.pid), time.monotonic()
+                serving = serving_pid(logs / f"proxy-{v}.log", proxy.pid)
+                cpu0, load0 = process_cpu_s(serving), time.monotonic()
                 rcpu0 = sum(process_cpu_s(pid) for pid in recorders)
                 r = run_load(f"http://127.0.0.1:{port}", f"proxy ({v})", H2C_OFFER if "offer" in flags(v) else None)
-                cpu, load1 = process_cpu_s(proxy.pid) - cpu0, time.monotonic()
+                cpu, load1 = process_cpu_s(serving) - cpu0, time.monotonic()
                 rcpu = sum(process_cpu_s(pid) for pid in recorders) - rcpu0 if recorders else None
                 r["proxy_startup_s"] = round(startup, 2)
             finally:
                 stop(proxy)
             answered = sum(lv["ok"] for lv in r["levels"]) + WARMUP * len(r["levels"])
+            r["proxy_hosting"] = "ray-actor" if serving != proxy.pid else "process"
             r["proxy_cpu_s"] = round(cpu, 3)
             r["proxy_cpu_ms_per_response"] = round(1000 * cpu / answered, 3) if answered else None
             if rcpu is not None:
@@ -651,8 +734,6 @@ def main(argv: list[str] | None = None) -> int:
         stop(double)
         for p in busy:
             stop(p)
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     result["summary"] = summary(result)
     out.write_text(json.dumps(result, indent=2) + "\n")

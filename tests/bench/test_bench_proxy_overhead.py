@@ -127,6 +127,24 @@ def beside_sqlite_gc(tmp_path: Path, *variants: str) -> dict | None:
 
 
 @pytest.mark.slow
+def test_actor_flag_serves_the_proxy_from_a_ray_actor(tmp_path):
+    """+actor: the proxy served from a Ray actor's event loop on a Ray node of the child's own, beside sqlite-gc: the
+    installed (patched) Trinity in the actor too (Ray's `uv run` hook off: under `uv run` it gave the actor a fresh,
+    unpatched environment), its workers at the child's niceness, one row a response, the CPU the actor's process's;
+    afterwards neither the actor nor Ray's temp dir is left."""
+    res = beside_sqlite_gc(tmp_path, "sqlite-gc+actor")
+    if res is None:
+        return
+    plain, actor = res["runs"]["sqlite-gc"], res["runs"]["sqlite-gc+actor"]
+    assert plain["proxy_hosting"] == "process" and actor["proxy_hosting"] == "ray-actor"
+    assert actor["proxy_niceness"] == 0 and actor["proxy_cpu_ms_per_response"] > 0
+    log = (tmp_path / "beside-logs" / "proxy-sqlite-gc+actor.log").read_text()
+    (pid,) = re.findall(r"^PROXY_PID (\d+)$", log, re.M)
+    (temp,) = re.findall(r"^RAY_TEMP (\S+)$", log, re.M)
+    assert not Path(f"/proc/{pid}").exists() and not Path(temp).exists()
+
+
+@pytest.mark.slow
 def test_sqlite_prebuilt_records_a_row_per_response_with_todays_settings(tmp_path):
     """The bound on building and serializing experiences off the loop, beside sqlite-gc in one run."""
     beside_sqlite_gc(tmp_path, "sqlite-prebuilt")
