@@ -58,3 +58,57 @@ def test_the_run_the_uv_run_hook_spoiled():
     rate = s["hop-gc+actor"]["8"]["req_s"] / s["hop-gc"]["8"]["req_s"]
     cpu = s["hop-gc+actor"]["cpu_ms_per_response"] / s["hop-gc"]["cpu_ms_per_response"]
     assert f"from the actor {rate:.2f} of the process's rate, {cpu:.1f} times its CPU a response" in section()
+
+
+GPU = REPO / "bench" / "results" / "gpu-2026-12-05y"
+GPU_HEADING = "### Where between bare and Trinity's engine the distance lies"
+SERVES = {"serve": "engine-bisect-qwen3b.json", "serve, niceness 0": "engine-nice0-qwen3b.json",
+          "serve, worker spawned": "engine-fork0-qwen3b.json"}
+
+
+def gpu_section() -> str:
+    m = re.search(rf"^{re.escape(GPU_HEADING)}[^\n]*\n(.*?)(?=^### )", DOC.read_text(), flags=re.S | re.M)
+    assert m, f"docs/benchmarks.md has no '{GPU_HEADING}' section"
+    return m.group(1)
+
+
+def numeric(name: str, c: str) -> list[dict]:
+    """The numeric-fields windows of one file at level c: the serve's engine first, then each bare variant's."""
+    r = json.loads((GPU / name).read_text())
+    out = [r["serve"]["levels"][c]["engine_numeric"]] if "serve" in r else []
+    return out + [b["levels"][c]["bare_like_proxy_numeric"] for b in r.get("bare_variants", {}).values()]
+
+
+def test_the_engine_table_is_the_result_files():
+    import engine_table
+
+    files = [(GPU / f, label) for label, f in SERVES.items()]
+    assert engine_table.table(files, ["64", "32"], engine_table.host_session_names()) in gpu_section()
+    bisect = json.loads((GPU / SERVES["serve"]).read_text())
+    assert bisect["machine"]["sched_autogroup"] == "1" and bisect["serve"]["engine_stats"] is True
+    engine_args, like_args = engine_table.host_session_names()  # the two variants: Trinity's batch arguments, then all
+    assert list(bisect["bare_variants"]) == [engine_args, f"{engine_args} {like_args}"]
+
+
+def test_the_readings_of_the_engine_runs():
+    text = " ".join(gpu_section().split())
+    bare_args, bare_like = numeric(SERVES["serve"], "64")[1:]
+    assert f"served {bare_like['responses_per_s'] / bare_args['responses_per_s']:.2f} of bare with the batch arguments alone at c=64" in text
+    b32 = numeric(SERVES["serve"], "32")[1:]
+    assert f"and {b32[1]['responses_per_s'] / b32[0]['responses_per_s']:.2f} at c=32" in text
+    serves64 = [numeric(f, "64")[0] for f in SERVES.values()]
+    serves32 = [numeric(f, "32")[0] for f in SERVES.values()]
+    rate = sorted(w["responses_per_s"] for w in serves64)
+    assert f"served {rate[0]:.0f}-{rate[-1]:.0f} responses/s at c=64 against bare's {min(bare_args['responses_per_s'], bare_like['responses_per_s']):.0f}-{max(bare_args['responses_per_s'], bare_like['responses_per_s']):.0f}" in text
+    steps = sorted(w["engine"]["steps_per_s"] for w in serves64)
+    bare_steps = sorted(w["engine"]["steps_per_s"] for w in (bare_args, bare_like))
+    assert f"took {steps[0]:.0f}-{steps[-1]:.0f} steps a second at c=64 where bare took {bare_steps[0]:.0f}-{bare_steps[-1]:.0f}" in text
+    steps32 = sorted(w["engine"]["steps_per_s"] for w in serves32)
+    bare32 = sorted(w["engine"]["steps_per_s"] for w in b32)
+    assert f"({steps32[0]:.0f}-{steps32[-1]:.0f} steps a second against {bare32[0]:.0f}-{bare32[-1]:.0f})" in text
+    import engine_table
+
+    ms = sorted(engine_table.engine_core_ms_per_step(w) for w in serves64)
+    bare_ms = sorted(engine_table.engine_core_ms_per_step(w) for w in (bare_args, bare_like))
+    assert f"{ms[0]:.1f}-{ms[-1]:.1f} ms of CPU a step against bare's {bare_ms[-1]:.1f}" in text and f"{bare_ms[0]:.1f}" == f"{bare_ms[-1]:.1f}"
+    assert f"moved by {100 * (rate[-1] / rate[0] - 1):.0f} %" in text

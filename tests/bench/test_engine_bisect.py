@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,17 @@ def test_the_step_runs_the_serve_with_statistics_and_both_bare_variants():
     # the variant's log file name stays a plain, short name (its JSON arguments' braces and quotes replaced)
     _, name = sp.variant_names(sp.bare_args(f"{trinity_engine_args()} {like_args()}"))
     assert len(name) <= 80 and all(ch.isalnum() or ch in "._-" for ch in name)
+
+
+def test_the_spawn_step_runs_bare_like_trinity_forked_and_spawned():
+    """engine3b-spawn: the two bare variants differ only in VLLM_WORKER_MULTIPROC_METHOD=spawn, which serve_profile
+    passes to `vllm serve` as its environment, not as an argument."""
+    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
+    step = script.split("        engine3b-spawn) ", 1)[1].split(";;", 1)[0]
+    assert "--no-serve --bare --numeric" in step
+    (variants,) = re.findall(r'--bare-variants "([^"]+)"', step)
+    forked, spawned = (v.replace("$TRINITY_ENGINE_ARGS", trinity_engine_args()).replace("$TRINITY_LIKE_ARGS", like_args())
+                       for v in variants.split(";"))
+    env_f, args_f = sp.split_variant(sp.bare_args(forked))
+    env_s, args_s = sp.split_variant(sp.bare_args(spawned))
+    assert env_f == {} and env_s == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"} and args_f == args_s

@@ -114,6 +114,10 @@
 #   engine3b-nice0  the serve only, as in engine3b-bisect but its Ray workers at niceness 0 (--worker-niceness 0 through
 #              RFTSTACK_WORKER_NICENESS; Ray's default is 15, which its proxy, engine actor, EngineCore and worker
 #              inherit, where bare runs at 0): run right after engine3b-bisect, whose serve is the same at 15
+#   engine3b-spawn  bare only, with TRINITY_ENGINE_ARGS and TRINITY_LIKE_ARGS, its EngineCore forked from the API server
+#              (vLLM's default) and then spawned (VLLM_WORKER_MULTIPROC_METHOD=spawn: a fresh interpreter, its worker
+#              spawned too): in Ray, vLLM always spawns the EngineCore, and session Y's serve stepped slower than bare
+#              with every argument the same, at any niceness and with its worker forked or spawned (engine3b-fork0)
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -293,6 +297,9 @@ for step in "${steps[@]}"; do
                  --out "$LOGS/bench/engine-bisect-qwen3b.json" --concurrency 32,64 --window-s 12 --bare --numeric \
                  --bare-variants "$TRINITY_ENGINE_ARGS;$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        engine3b-spawn) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-spawn-qwen3b.json" \
+                 --no-serve --bare --numeric --concurrency 32,64 --window-s 12 \
+                 --bare-variants "$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS;VLLM_WORKER_MULTIPROC_METHOD=spawn $TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
                    echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1
