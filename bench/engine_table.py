@@ -21,11 +21,17 @@ HERE = Path(__file__).resolve().parent
 HOST_SESSION = HERE.parent / "tests" / "gpu" / "host_session.sh"
 
 
-def host_session_names() -> dict[str, str]:
-    """host_session.sh's default TRINITY_ENGINE_ARGS and TRINITY_LIKE_ARGS, by their text: how a bare variant is named."""
+def host_session_defaults() -> tuple[str, str]:
+    """host_session.sh's default TRINITY_ENGINE_ARGS and TRINITY_LIKE_ARGS (the tests read them here too)."""
     script = HOST_SESSION.read_text()
     engine = script.split("TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:-", 1)[1].split("}", 1)[0]
     like = script.split("TRINITY_LIKE_ARGS_DEFAULT='", 1)[1].split("'", 1)[0]
+    return engine, like
+
+
+def host_session_names() -> dict[str, str]:
+    """The two defaults by their text: how a bare variant is named."""
+    engine, like = host_session_defaults()
     return {engine: "TRINITY_ENGINE_ARGS", like: "TRINITY_LIKE_ARGS"}
 
 
@@ -54,9 +60,9 @@ def variant_label(variant: str, names: dict[str, str]) -> str:
 def table(files: list[tuple[Path, str]], levels: list[str], names: dict[str, str]) -> str:
     out = ["| server | c | responses/s | engine steps/s | tokens a step | scheduled s a request | EngineCore ms a step |",
            "|---|---|---|---|---|---|---|"]
+    results = [(json.loads(path.read_text()), label) for path, label in files]
     for c in levels:
-        for path, label in files:
-            r = json.loads(path.read_text())
+        for r, label in results:
             if "serve" in r:
                 out.append(row(label, c, r["serve"]["levels"][c]["engine_numeric"]))
             for v, b in (r.get("bare_variants") or {}).items():

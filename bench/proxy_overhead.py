@@ -249,11 +249,11 @@ def recorder_patch_installed(variable: str) -> bool:
     return recorder.is_file() and variable in recorder.read_text()
 
 
-def serve_proxy(upstream: str, port: int, variant: str, workdir: str, log: str | None = None) -> None:
+def serve_proxy(upstream: str, port: int, variant: str, workdir: str, log: str) -> None:
     """Run Trinity's proxy app on ``port`` (this is the child process): in this process, or with +actor in a Ray
     actor that this process starts on a Ray node of its own (``log``: the child's log, where the actor's lines go)."""
     if "actor" in flags(variant):
-        serve_in_ray_actor(upstream, port, variant, workdir, log or os.devnull)
+        serve_in_ray_actor(upstream, port, variant, workdir, log)
         return
     serve, finish = setup_proxy(upstream, port, variant, workdir)
     try:
@@ -435,11 +435,10 @@ class ProxyActor:
 def serve_in_ray_actor(upstream: str, port: int, variant: str, workdir: str, log: str) -> None:
     """+actor (the child): a Ray node of its own (no dashboard, its workers at this process's niceness), the proxy in
     a ProxyActor on it, until SIGINT; then the actor stopped (its finish) and the node shut down."""
-    if log != os.devnull:  # the actor appends to the child's log too: every writer appends, none writes over another
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)  # the actor appends to this log too: every writer appends, none
+    os.dup2(fd, 1)  # writes over another
+    os.dup2(fd, 2)
+    os.close(fd)
     # read when ray is imported: under `uv run` Ray's hook would ship this tree to workers that `uv run` a fresh,
     # unpatched environment of the lock (rftstack serve turns it off too: rftstack.doctor.cluster_net)
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"

@@ -20,8 +20,18 @@ PYTHON_DIR = REPO / "python"
 def trinity_engine_args() -> str:
     """tests/gpu/host_session.sh's TRINITY_ENGINE_ARGS default: the vLLM arguments a bare server is given to run as
     Trinity's engine does (the name of that bare variant in serve_profile.py's results)."""
-    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
-    return script.split("TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:-", 1)[1].split("}", 1)[0]
+    import engine_table  # bench/ (pytest's pythonpath): the one reader of host_session.sh's defaults
+
+    return engine_table.host_session_defaults()[0]
+
+
+def doc_section(heading: str, doc: Path = REPO / "docs" / "benchmarks.md") -> str:
+    """The text of ``doc``'s section under the heading line that starts with ``heading``, up to the next ### heading."""
+    import re
+
+    m = re.search(rf"^{re.escape(heading)}[^\n]*\n(.*?)(?=^### )", doc.read_text(), flags=re.S | re.M)
+    assert m, f"{doc.relative_to(REPO)} has no '{heading}' section"
+    return m.group(1)
 
 
 # TRINITY_ENGINE_ARGS as sessions V and W ran it (the name of that bare variant in their result files): 256 sequences a

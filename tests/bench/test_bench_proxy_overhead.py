@@ -181,7 +181,7 @@ def test_sqlite_build_and_sqlite_record_record_a_row_per_response_beside_sqlite_
     if res is None:
         return
     for v in ("sqlite-build", "sqlite-record"):  # reported; /proc counts in 10 ms ticks, and 32 answers can take fewer
-        assert res["runs"][v]["recorder_cpu_ms_per_response"] is not None and res["runs"][v]["recorder_cpu_s"] >= 0
+        assert res["runs"][v]["recorder_cpu_ms_per_response"] is not None  # there only where their pids were found
     assert "recorder_cpu_ms_per_response" not in res["runs"]["sqlite-gc"]
     logs = tmp_path / "beside-logs"
     build = (logs / "proxy-sqlite-build.log").read_text()

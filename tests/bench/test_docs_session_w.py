@@ -11,6 +11,7 @@ import pytest
 
 import profile_table
 from helpers import REPO
+from helpers import doc_section
 from helpers import ENGINE_ARGS_SESSIONS_VW
 
 DOC = REPO / "docs" / "benchmarks.md"
@@ -21,9 +22,7 @@ HEADING = "### Trinity's engine against bare with its own arguments"
 
 
 def section() -> str:
-    m = re.search(rf"^{re.escape(HEADING)}[^\n]*\n(.*?)(?=^### )", DOC.read_text(), flags=re.S | re.M)
-    assert m, f"docs/benchmarks.md has no '{HEADING}' section"
-    return m.group(1)
+    return doc_section(HEADING)
 
 
 def run(name: str) -> dict:

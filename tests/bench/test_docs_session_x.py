@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 from helpers import ENGINE_ARGS_SESSIONS_VW
 from helpers import REPO
+from helpers import doc_section
 
-DOC = REPO / "docs" / "benchmarks.md"
 NICE = REPO / "bench" / "results" / "cpu-2026-12-04x"
 W = REPO / "bench" / "results" / "gpu-2026-12-04w"
 HEADING = "### How Trinity runs vLLM, field by field, and the niceness of Ray's workers"
 
 
 def section() -> str:
-    m = re.search(rf"^{re.escape(HEADING)}[^\n]*\n(.*?)(?=^### )", DOC.read_text(), flags=re.S | re.M)
-    assert m, f"docs/benchmarks.md has no '{HEADING}' section"
-    return " ".join(m.group(1).split())
+    return " ".join(doc_section(HEADING).split())
 
 
 def cell(summary: dict, variant: str) -> str:

@@ -5,20 +5,17 @@ the `uv run` hook spoiled."""
 from __future__ import annotations
 
 import json
-import re
 
 from helpers import REPO
+from helpers import doc_section
 
-DOC = REPO / "docs" / "benchmarks.md"
 RUNS = REPO / "bench" / "results" / "cpu-2026-12-05y"
 HEADING = "### Trinity's proxy in a Ray actor, as the Explorer serves it"
 PLAIN, ACTOR = "sqlite-gc+numeric", "sqlite-gc+numeric+actor"
 
 
 def section() -> str:
-    m = re.search(rf"^{re.escape(HEADING)}[^\n]*\n(.*?)(?=^### )", DOC.read_text(), flags=re.S | re.M)
-    assert m, f"docs/benchmarks.md has no '{HEADING}' section"
-    return " ".join(m.group(1).split())
+    return " ".join(doc_section(HEADING).split())
 
 
 def load(name: str) -> dict:
@@ -67,9 +64,7 @@ SERVES = {"serve": "engine-bisect-qwen3b.json", "serve, niceness 0": "engine-nic
 
 
 def gpu_section() -> str:
-    m = re.search(rf"^{re.escape(GPU_HEADING)}[^\n]*\n(.*?)(?=^### )", DOC.read_text(), flags=re.S | re.M)
-    assert m, f"docs/benchmarks.md has no '{GPU_HEADING}' section"
-    return m.group(1)
+    return doc_section(GPU_HEADING)
 
 
 def numeric(name: str, c: str) -> list[dict]:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import engine_table
 import serve_profile as sp
 from helpers import trinity_engine_args
 
@@ -78,8 +79,7 @@ print("PROBE " + json.dumps({"diff": diff, "defaults": [SchedulerConfig.DEFAULT_
 
 def like_args() -> str:
     """host_session.sh's TRINITY_LIKE_ARGS default."""
-    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
-    return script.split("TRINITY_LIKE_ARGS_DEFAULT='", 1)[1].split("'", 1)[0]
+    return engine_table.host_session_defaults()[1]
 
 
 def probe(tmp_path: Path, variant: str) -> dict:
