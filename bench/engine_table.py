@@ -6,7 +6,7 @@ scheduled, and the CPU the EngineCore's busiest thread spent a step (from the wi
     python bench/engine_table.py RESULT.json[=LABEL] [RESULT.json[=LABEL] ...] [--levels 64,32]
 
 The serve of each file is labelled LABEL (default: the file's name), its bare variants "bare " and the variant's
-arguments as host_session.sh names them (TRINITY_ENGINE_ARGS, TRINITY_LIKE_ARGS). docs/benchmarks.md's session Y
+arguments as host_session.sh names them (TRINITY_ENGINE_ARGS, TRINITY_LIKE_ARGS, TRINITY_ACTOR_ENV). docs/benchmarks.md's session Y
 table is this script's output, and a test checks it against the files.
 """
 
@@ -29,10 +29,15 @@ def host_session_defaults() -> tuple[str, str]:
     return engine, like
 
 
+def host_session_actor_env() -> str:
+    """host_session.sh's default TRINITY_ACTOR_ENV: the variables Trinity's engine actor sets, as NAME=VALUE words."""
+    return HOST_SESSION.read_text().split("TRINITY_ACTOR_ENV_DEFAULT='", 1)[1].split("'", 1)[0]
+
+
 def host_session_names() -> dict[str, str]:
-    """The two defaults by their text: how a bare variant is named."""
+    """The defaults by their text: how a bare variant is named."""
     engine, like = host_session_defaults()
-    return {engine: "TRINITY_ENGINE_ARGS", like: "TRINITY_LIKE_ARGS"}
+    return {engine: "TRINITY_ENGINE_ARGS", like: "TRINITY_LIKE_ARGS", host_session_actor_env(): "TRINITY_ACTOR_ENV"}
 
 
 def engine_core_ms_per_step(window: dict) -> float | None:

@@ -22,7 +22,10 @@ like the proxy (its API server and EngineCore's CPU; with ``--py-spy`` both samp
 engine's own account of each window from its /metrics (bench/engine_metrics.py: steps/s, tokens per step, running
 requests, per-request time in the frontend against time scheduled). ``--bare-variants`` runs bare once per set of
 extra ``vllm serve`` arguments (e.g. ``default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1``: ``NAME=VALUE`` words go to its
-environment); ``--rounds N`` runs that list N times (A B A B: one start of a server against the next); ``--engine-args JSON`` gives
+environment; the word ``@ray-actor`` runs that variant's server, same arguments, inside one plain Ray actor instead:
+bench/vllm_in_ray.py, the step between bare and Trinity's engine actor, whose own ``--worker-niceness N`` may be
+among the words; its profile samples ``ray::VllmServeActor`` for the API server); ``--rounds N`` runs that list N
+times (A B A B: one start of a server against the next); ``--engine-args JSON`` gives
 the serve's engine more vLLM arguments (Trinity's ``extra_engine_args``);
 ``--bare-profile-requests plain,numeric`` gives bare one profile window per kind of request (py-spy on its API
 server, EngineCore and, with the mp executor, its worker); ``--no-serve`` skips the serve; ``--numeric`` adds a window per level with the proxy's fields and numeric
@@ -309,6 +312,10 @@ SERVE_TARGETS = ["ray::Explorer", "ray::vLLMRolloutModel", "VLLM::EngineCore", "
 # bare vLLM's processes sampled in a profile window: its API server, its EngineCore, and its worker (the model
 # runner's process with the mp executor; on uni it runs inside the EngineCore and the target finds no process)
 BARE_TARGETS = ["*vllm serve", "VLLM::EngineCore", "VLLM::Worker"]
+# a --bare-variants word: that bare runs `vllm serve` inside one plain Ray actor (bench/vllm_in_ray.py), whose process
+# (Ray titles it ray::VllmServeActor) is its API server's in the profile window
+RAY_ACTOR_WORD = "@ray-actor"
+RAY_ACTOR_TARGETS = ["ray::VllmServeActor", "VLLM::EngineCore", "VLLM::Worker"]
 # --bare-profile-requests: the request each bare profile window sends (loadgen's like_proxy)
 PROFILE_REQUESTS: dict[str, bool | str] = {"plain": False, "fields": True, "numeric": loadgen.NUMERIC}
 
@@ -322,6 +329,18 @@ def bare_args(variant: str) -> list[str]:
 def split_variant(words: list[str]) -> tuple[dict[str, str], list[str]]:
     env = dict(w.split("=", 1) for w in words if ENV_WORD.match(w))
     return env, [w for w in words if not ENV_WORD.match(w)]
+
+
+def bare_argv(model: str, port: int, gpu_util: float, max_model_len: int,
+              words: list[str]) -> tuple[str, list[str], dict[str, str]]:
+    """(its launcher, its command line, its environment's additions) for a bare run of a variant's ``words``:
+    ``vllm serve MODEL ...``, or with the word ``@ray-actor`` (dropped from the arguments) the same arguments to
+    bench/vllm_in_ray.py, which runs that server inside a Ray actor (launcher "ray-actor", else "vllm-serve")."""
+    launcher = "ray-actor" if RAY_ACTOR_WORD in words else "vllm-serve"
+    env, args = split_variant([w for w in words if w != RAY_ACTOR_WORD])
+    head = [sys.executable, str(HERE / "vllm_in_ray.py")] if launcher == "ray-actor" else ["vllm", "serve"]
+    return launcher, [*head, str(model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
+                      str(gpu_util), "--max-model-len", str(max_model_len), *args], env
 
 
 def log_name(words: str, limit: int = 80) -> str:
@@ -346,18 +365,17 @@ def variant_names(extra: list[str], round_no: int = 1) -> tuple[str | None, str]
 
 
 def bare_phase(args, result: dict, out: Path, save, variant: str = "", round_no: int = 1) -> None:
-    """Bare ``vllm serve`` (with ``variant``'s extra arguments), plain and like the proxy at each level, each
+    """Bare ``vllm serve`` (with ``variant``'s extra arguments; with ``@ray-actor`` among them inside a Ray actor,
+    bench/vllm_in_ray.py), plain and like the proxy at each level, each
     window with the engine's own account from its /metrics (bench/engine_metrics.py). Round 2 and later
     (``--rounds``) are kept under ``bare_variants`` as "VARIANT #N" ("default #2" for no arguments)."""
     port = svb.free_port()
     base = f"http://127.0.0.1:{port}"
     extra = bare_args(variant)
-    env_extra, arg_extra = split_variant(extra)
-    argv = ["vllm", "serve", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization",
-            str(args.gpu_util), "--max-model-len", str(args.max_model_len), *arg_extra]
+    launcher, argv, env_extra = bare_argv(args.model, port, args.gpu_util, args.max_model_len, extra)
     key, name = variant_names(extra, round_no)
     proc = svb.Proc(argv, out.parent / f"{out.stem}-bare{'-' + name if name else ''}.log", {**child_env(), **env_extra})
-    ph: dict = {"argv": argv, "env": env_extra, "round": round_no}
+    ph: dict = {"argv": argv, "env": env_extra, "round": round_no, "launcher": launcher}
     if key is None:
         result["bare"] = ph
     else:
@@ -380,7 +398,7 @@ def bare_phase(args, result: dict, out: Path, save, variant: str = "", round_no:
                 say(f"c={c} {label}, like the proxy with numeric logprobs: {summary_line(lv['bare_like_proxy_numeric'])}")
             save()
         for kind in args.bare_profile_requests:
-            profile_and_say(ph, base, ph["ready"]["model"], args, out, BARE_TARGETS,
+            profile_and_say(ph, base, ph["ready"]["model"], args, out, RAY_ACTOR_TARGETS if launcher == "ray-actor" else BARE_TARGETS,
                             "bare" + (f"-{name}" if name else "") + ("" if kind == "fields" else f"-{kind}"), save,
                             like_proxy=PROFILE_REQUESTS[kind], key="profile" if kind == "fields" else f"profile_{kind}")
     finally:
@@ -422,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare", action="store_true", help="also bare `vllm serve`, after the serve")
     ap.add_argument("--bare-variants", default="",
                     help="with --bare: ';'-separated extra `vllm serve` arguments, one bare run each, in order "
-                         "(\"default\" or empty: none; NAME=VALUE words: its environment), "
-                         "e.g. 'default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1'")
+                         "(\"default\" or empty: none; NAME=VALUE words: its environment; the word @ray-actor: that "
+                         "server inside a plain Ray actor, bench/vllm_in_ray.py), "
+                         "e.g. 'default;--api-server-count 2;VLLM_USE_RUST_FRONTEND=1;@ray-actor'")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --bare: run the list of variants this many times, in order (A B A B for 2): "
                          "how much one start of the same server differs from the next")

@@ -81,7 +81,7 @@ def test_the_engine_table_is_the_result_files():
     assert engine_table.table(files, ["64", "32"], engine_table.host_session_names()) in gpu_section()
     bisect = json.loads((GPU / SERVES["serve"]).read_text())
     assert bisect["machine"]["sched_autogroup"] == "1" and bisect["serve"]["engine_stats"] is True
-    engine_args, like_args = engine_table.host_session_names()  # the two variants: Trinity's batch arguments, then all
+    engine_args, like_args = engine_table.host_session_defaults()  # the two variants: Trinity's batch arguments, then all
     assert list(bisect["bare_variants"]) == [engine_args, f"{engine_args} {like_args}"]
 
 

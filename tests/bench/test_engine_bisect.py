@@ -142,15 +142,22 @@ def test_the_step_runs_the_serve_with_statistics_and_both_bare_variants():
     assert len(name) <= 80 and all(ch.isalnum() or ch in "._-" for ch in name)
 
 
-def test_the_spawn_step_runs_bare_like_trinity_forked_and_spawned():
-    """engine3b-spawn: the two bare variants differ only in VLLM_WORKER_MULTIPROC_METHOD=spawn, which serve_profile
-    passes to `vllm serve` as its environment, not as an argument."""
+def test_the_context_step_runs_bare_like_trinity_as_it_is_with_the_actor_s_variables_and_in_a_ray_actor():
+    """engine3b-context: four bare variants with every argument Trinity's, which differ only in what serve_profile
+    passes to the process as its environment (TRINITY_ACTOR_ENV; RFTSTACK_VLLM_FORK_WORKERS=0) and in the launcher
+    (@ray-actor: bench/vllm_in_ray.py), never in vLLM's arguments; after bench/process_context.py."""
     script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
-    step = script.split("        engine3b-spawn) ", 1)[1].split(";;", 1)[0]
-    assert "--no-serve --bare --numeric" in step
+    step = script.split("        engine3b-context) ", 1)[1].split(";;", 1)[0]
+    assert "python3 bench/process_context.py --out" in step and "--no-serve --bare --numeric" in step
+    assert 'like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"' in step
+    actor_env = script.split("TRINITY_ACTOR_ENV_DEFAULT='", 1)[1].split("'", 1)[0]
     (variants,) = re.findall(r'--bare-variants "([^"]+)"', step)
-    forked, spawned = (v.replace("$TRINITY_ENGINE_ARGS", trinity_engine_args()).replace("$TRINITY_LIKE_ARGS", like_args())
-                       for v in variants.split(";"))
-    env_f, args_f = sp.split_variant(sp.bare_args(forked))
-    env_s, args_s = sp.split_variant(sp.bare_args(spawned))
-    assert env_f == {} and env_s == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"} and args_f == args_s
+    like = f"{trinity_engine_args()} {like_args()}"
+    got = [sp.bare_argv("/m", 8000, 0.6, 2048, sp.bare_args(v.replace("$TRINITY_ACTOR_ENV", actor_env).replace("$like", like)))
+           for v in variants.split(";")]
+    (l0, argv0, env0), (l1, argv1, env1), (l2, argv2, env2), (l3, argv3, env3) = got
+    assert (l0, l1, l2, l3) == ("vllm-serve", "vllm-serve", "ray-actor", "ray-actor")
+    assert env0 == {} and env1 == dict(w.split("=", 1) for w in actor_env.split()) and env2 == {}
+    assert env3 == {"RFTSTACK_VLLM_FORK_WORKERS": "0"}
+    assert argv0 == argv1 and argv0[:2] == ["vllm", "serve"] and argv2 == argv3
+    assert argv2[1].endswith("bench/vllm_in_ray.py") and argv2[2:] == argv0[2:]

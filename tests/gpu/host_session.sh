@@ -114,10 +114,16 @@
 #   engine3b-nice0  the serve only, as in engine3b-bisect but its Ray workers at niceness 0 (--worker-niceness 0 through
 #              RFTSTACK_WORKER_NICENESS; Ray's default is 15, which its proxy, engine actor, EngineCore and worker
 #              inherit, where bare runs at 0): run right after engine3b-bisect, whose serve is the same at 15
-#   engine3b-spawn  bare only, with TRINITY_ENGINE_ARGS and TRINITY_LIKE_ARGS, its EngineCore forked from the API server
-#              (vLLM's default) and then spawned (VLLM_WORKER_MULTIPROC_METHOD=spawn: a fresh interpreter, its worker
-#              spawned too): in Ray, vLLM always spawns the EngineCore, and session Y's serve stepped slower than bare
-#              with every argument the same, at any niceness and with its worker forked or spawned (engine3b-fork0)
+#   engine3b-context  what differs between the processes Trinity's engine actor starts and those of bare `vllm serve`,
+#              then which of it costs the engine its steps: bench/process_context.py (no GPU: what each process
+#              inherits, and a CPU workload in each), then bare only, 12 s windows with numeric logprobs, every engine
+#              argument Trinity's ($like: TRINITY_ENGINE_ARGS TRINITY_LIKE_ARGS): as `vllm serve` runs it; with the
+#              variables Trinity's engine actor sets and Ray's OMP_NUM_THREADS (TRINITY_ACTOR_ENV); and vLLM's own
+#              OpenAI server inside a plain Ray actor (bench/vllm_in_ray.py, serve_profile's @ray-actor: Ray's
+#              niceness, environment and default_worker.py as __main__, the EngineCore spawned from the actor and its
+#              worker forked, as in the serve; no Trinity), then the same with its worker spawned as bare's is
+#              (RFTSTACK_VLLM_FORK_WORKERS=0). `vllm serve` spawns its EngineCore and worker too (its CLI sets
+#              VLLM_WORKER_MULTIPROC_METHOD=spawn), so the start method alone is no difference
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -177,6 +183,11 @@ TRINITY_ENGINE_ARGS=${TRINITY_ENGINE_ARGS:---max-num-batched-tokens 2048 --max-n
 # load tracking of the API server it starts in its Ray actor
 TRINITY_LIKE_ARGS_DEFAULT='--worker-cls trinity.common.models.vllm_worker.TrinityGPUWorker --trust-remote-code --dtype bfloat16 --enable-prefix-caching --enable-chunked-prefill --override-generation-config {"temperature":1.0,"top_p":1.0,"top_k":-1,"max_new_tokens":1024,"repetition_penalty":1.0} --weight-transfer-config {"backend":"checkpoint"} --enable-server-load-tracking'
 TRINITY_LIKE_ARGS=${TRINITY_LIKE_ARGS:-$TRINITY_LIKE_ARGS_DEFAULT}
+# the variables Trinity's engine actor (vLLMRolloutModel) sets before vLLM starts, less the start method, and the
+# OMP_NUM_THREADS Ray gives an actor's process: bench/process_context.py's TRINITY_ACTOR_ENV (tests/bench/
+# test_process_context.py checks that the two agree and that a Ray actor's spawned process has each of them)
+TRINITY_ACTOR_ENV_DEFAULT='VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE=shm VLLM_RAY_PER_WORKER_GPUS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0 OMP_NUM_THREADS=1'
+TRINITY_ACTOR_ENV=${TRINITY_ACTOR_ENV:-$TRINITY_ACTOR_ENV_DEFAULT}
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(rl rel tiny qwen3b ready default)
 
@@ -297,9 +308,12 @@ for step in "${steps[@]}"; do
                  --out "$LOGS/bench/engine-bisect-qwen3b.json" --concurrency 32,64 --window-s 12 --bare --numeric \
                  --bare-variants "$TRINITY_ENGINE_ARGS;$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
-        engine3b-spawn) wait; python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-spawn-qwen3b.json" \
+        engine3b-context) wait; python3 bench/process_context.py --out "$LOGS/bench/process-context-host.json" --rounds 3 \
+                 > "$LOGS/process-context.txt" 2>&1
+                 like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"
+                 python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-context-qwen3b.json" \
                  --no-serve --bare --numeric --concurrency 32,64 --window-s 12 \
-                 --bare-variants "$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS;VLLM_WORKER_MULTIPROC_METHOD=spawn $TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" ;;
+                 --bare-variants "$like;$TRINITY_ACTOR_ENV $like;@ray-actor $like;@ray-actor RFTSTACK_VLLM_FORK_WORKERS=0 $like" ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
                    echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1

@@ -156,3 +156,21 @@ def test_a_bad_switch_value_stops_the_import_with_one_sentence():
     r = run_child(clean_env(**{VAR: "yes"}))
     assert r.returncode != 0
     assert f"{VAR} must be 1" in r.stderr and "or 0" in r.stderr and "'yes'" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_bare_vllm_serve_spawns_its_engine_core_and_workers():
+    """What the patch's comment and docs/serve.md say of bare `vllm serve`: its CLI (vllm/entrypoints/cli/main.py,
+    cli_env_setup) sets VLLM_WORKER_MULTIPROC_METHOD=spawn where the environment names no method, before it starts
+    anything, so its EngineCore and (below it, with that variable) its worker are spawned, not forked. The real CLI;
+    it then stops for want of a GPU here."""
+    vllm_cli = Path(sys.executable).with_name("vllm")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_WORKER_MULTIPROC_METHOD"}
+    out = subprocess.run([str(vllm_cli), "serve", "/nonexistent/model", "--port", "1"], env={**env, "VLLM_LOGGING_LEVEL": "DEBUG"},
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    text = out.stdout + out.stderr
+    assert "Setting VLLM_WORKER_MULTIPROC_METHOD to 'spawn'" in text, text[-3000:]
+    named = subprocess.run([str(vllm_cli), "serve", "/nonexistent/model", "--port", "1"],
+                           env={**env, "VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_WORKER_MULTIPROC_METHOD": "fork"},
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert "Setting VLLM_WORKER_MULTIPROC_METHOD" not in named.stdout + named.stderr
