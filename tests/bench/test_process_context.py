@@ -134,3 +134,22 @@ def test_where_vllm_reads_the_variables_trinity_s_engine_actor_sets():
         readers = {str(p.relative_to(site)) for p in (site / "vllm").rglob("*.py")
                    if p.name != "envs.py" and var in p.read_text(errors="replace")}
         assert readers == VLLM_READERS[var], var
+
+
+def test_vllm_s_mp_executor_runs_torch_at_one_thread_where_omp_num_threads_is_unset():
+    """docs/benchmarks.md (session Z): bare's EngineCore has no OMP_NUM_THREADS, but vLLM's mp executor sets 1 (the
+    variable and torch's threads) in it before it starts its worker, so both engines run torch at one thread. The
+    installed vLLM's own function, in a process without the variable; and the executor's start calls it."""
+    import inspect
+
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    assert "set_multiprocessing_worker_envs()" in inspect.getsource(MultiprocExecutor._init_executor)
+    code = ("import os, torch\n"
+            "torch.set_num_threads(2)\n"
+            "from vllm.v1.executor.multiproc_executor import set_multiprocessing_worker_envs\n"
+            "set_multiprocessing_worker_envs()\n"
+            "print('THREADS', os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())\n")
+    env = {k: v for k, v in rftstack_env().items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "THREADS 1 1\n" in out.stdout, out.stderr[-3000:]

@@ -32,7 +32,7 @@ DRIVER = textwrap.dedent("""
     @ray.remote
     class Engine:
         async def niceness(self):
-            ctx = mp.get_context("fork")  # as vLLM starts its EngineCore from Trinity's engine actor
+            ctx = mp.get_context("fork")  # niceness passes to a forked (and so to a spawned) child: vLLM spawns its EngineCore
             q = ctx.Queue()
             p = ctx.Process(target=child, args=(q,))
             p.start()
