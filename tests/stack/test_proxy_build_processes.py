@@ -248,8 +248,11 @@ def test_a_builder_that_dies_fails_its_answer_and_the_next_ones_are_recorded(dou
         assert re.fullmatch(rf"the proxy's experience {what} process \d+ ended before it {done} this response's experience, "
                             r"so this response was not recorded and is not returned; retry it", e.value.body["message"]), e.value.body
         end_s = time.monotonic() + 30
-        while any(alive(pid) for pid in pids):  # an ended process the proxy has not heard of yet may be picked
-            assert time.monotonic() < end_s, "a killed process did not end"
+        # an ended process the proxy has not heard of yet may be picked: wait until each has ended and the proxy
+        # has said so (its warning, once it reads the end of that process's socket), not for the first alone
+        while any(alive(pid) for pid in pids) or not all(
+                f"the proxy's experience {what} process {pid} ended; with none left" in px.log.read_text() for pid in pids):
+            assert time.monotonic() < end_s, f"a killed process did not end, or the proxy did not say so: {px.log.read_text()[-2000:]}"
             time.sleep(0.05)
         later = [chat(px, f"after {i}") for i in range(3)]  # no builder left: built in the proxy's loop
         assert px.rows() == [first, *later]
