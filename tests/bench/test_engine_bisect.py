@@ -150,7 +150,7 @@ def test_the_context_step_runs_bare_like_trinity_as_it_is_with_the_actor_s_varia
     step = script.split("        engine3b-context) ", 1)[1].split(";;", 1)[0]
     assert "python3 bench/process_context.py --out" in step and "--no-serve --bare --numeric" in step
     assert 'like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"' in step
-    actor_env = script.split("TRINITY_ACTOR_ENV_DEFAULT='", 1)[1].split("'", 1)[0]
+    actor_env = engine_table.host_session_actor_env()
     (variants,) = re.findall(r'--bare-variants "([^"]+)"', step)
     like = f"{trinity_engine_args()} {like_args()}"
     got = [sp.bare_argv("/m", 8000, 0.6, 2048, sp.bare_args(v.replace("$TRINITY_ACTOR_ENV", actor_env).replace("$like", like)))
