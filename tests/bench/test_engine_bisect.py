@@ -145,10 +145,12 @@ def test_the_step_runs_the_serve_with_statistics_and_both_bare_variants():
 def test_the_context_step_runs_bare_like_trinity_as_it_is_with_the_actor_s_variables_and_in_a_ray_actor():
     """engine3b-context: four bare variants with every argument Trinity's, which differ only in what serve_profile
     passes to the process as its environment (TRINITY_ACTOR_ENV; RFTSTACK_VLLM_FORK_WORKERS=0) and in the launcher
-    (@ray-actor: bench/vllm_in_ray.py), never in vLLM's arguments; after bench/process_context.py."""
+    (@ray-actor: bench/vllm_in_ray.py), never in vLLM's arguments; after bench/process_context.py and the serve."""
     script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
     step = script.split("        engine3b-context) ", 1)[1].split(";;", 1)[0]
-    assert "python3 bench/process_context.py --out" in step and "--no-serve --bare --numeric" in step
+    assert "python3 bench/process_context.py --out" in step and " --bare --numeric" in step
+    # Trinity's engine actor in the same run, its engine's statistics on (the steps/s to set beside the variants')
+    assert "--no-serve" not in step and "RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py" in step
     assert 'like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"' in step
     actor_env = engine_table.host_session_actor_env()
     (variants,) = re.findall(r'--bare-variants "([^"]+)"', step)
