@@ -154,7 +154,9 @@ def test_the_context_step_runs_bare_like_trinity_as_it_is_with_the_actor_s_varia
     assert "RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py" in step
     assert 'like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"' in step
     actor_env = engine_table.host_session_actor_env()
-    (variants,) = re.findall(r'--bare-variants "([^"]+)"', step)
+    assert '--bare-variants "$variants"' in step
+    (variants, short) = re.findall(r'variants="([^"]+)"', step)
+    assert short == "$like;@ray-actor $like" and short.split(";") == [variants.split(";")[i] for i in (0, 2)]
     like = f"{trinity_engine_args()} {like_args()}"
     got = [sp.bare_argv("/m", 8000, 0.6, 2048, sp.bare_args(v.replace("$TRINITY_ACTOR_ENV", actor_env).replace("$like", like)))
            for v in variants.split(";")]
