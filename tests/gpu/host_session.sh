@@ -125,7 +125,8 @@
 #              (RFTSTACK_VLLM_FORK_WORKERS=0). `vllm serve` spawns its EngineCore and worker too (its CLI sets
 #              VLLM_WORKER_MULTIPROC_METHOD=spawn), so the start method alone is no difference. The serve first
 #              (its engine's statistics on, as in engine3b-bisect): Trinity's engine actor in the same run (~15 min;
-#              CONTEXT_NO_SERVE=1 leaves it out, ~12 min; CONTEXT_SHORT=1 runs the first and third variants only)
+#              CONTEXT_NO_SERVE=1 leaves it out, ~12 min; CONTEXT_SHORT=1 runs the first and third variants only;
+#              CONTEXT_NO_PROCESS=1 leaves process_context.py out)
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -310,8 +311,8 @@ for step in "${steps[@]}"; do
                  --out "$LOGS/bench/engine-bisect-qwen3b.json" --concurrency 32,64 --window-s 12 --bare --numeric \
                  --bare-variants "$TRINITY_ENGINE_ARGS;$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
-        engine3b-context) wait; python3 bench/process_context.py --out "$LOGS/bench/process-context-host.json" --rounds 3 \
-                 > "$LOGS/process-context.txt" 2>&1
+        engine3b-context) wait; [ -n "${CONTEXT_NO_PROCESS:-}" ] || python3 bench/process_context.py \
+                 --out "$LOGS/bench/process-context-host.json" --rounds 3 > "$LOGS/process-context.txt" 2>&1
                  like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"
                  variants="$like;$TRINITY_ACTOR_ENV $like;@ray-actor $like;@ray-actor RFTSTACK_VLLM_FORK_WORKERS=0 $like"
                  [ -n "${CONTEXT_SHORT:-}" ] && variants="$like;@ray-actor $like"
