@@ -15,6 +15,7 @@ import pytest
 from helpers import REPO, rftstack_env
 
 sys.path.insert(0, str(REPO / "bench"))
+import engine_table  # noqa: E402
 import process_context  # noqa: E402
 
 SCRIPT = REPO / "bench" / "process_context.py"
@@ -100,8 +101,6 @@ def test_trinity_s_actor_variables_are_the_ones_its_engine_actor_sets():
     expected = {k: v for k, v in process_context.TRINITY_ACTOR_ENV.items() if k != "VLLM_RAY_PER_WORKER_GPUS"}
     assert literal == {**expected, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
     assert 'os.environ["VLLM_RAY_PER_WORKER_GPUS"] = str(int(config.use_v1))' in src
-    import engine_table
-
     bare = dict(w.split("=", 1) for w in engine_table.host_session_actor_env().split())
     assert bare == {**{k: v for k, v in process_context.TRINITY_ACTOR_ENV.items() if k != "VLLM_WORKER_MULTIPROC_METHOD"},
                     "OMP_NUM_THREADS": "1"}
