@@ -156,6 +156,8 @@ def test_the_context_step_runs_bare_like_trinity_as_it_is_with_the_actor_s_varia
     assert 'like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"' in step
     actor_env = engine_table.host_session_actor_env()
     assert '--bare-variants "$variants"' in step
+    # with PY_SPY every server's worker, EngineCore and frontend are sampled in a window of numeric requests of its own
+    assert '${PY_SPY:+--py-spy "$PY_SPY" --bare-profile-requests numeric}' in step and "numeric" in sp.PROFILE_REQUESTS
     (variants, short) = re.findall(r'variants="([^"]+)"', step)
     assert short == "$like;@ray-actor $like" and short.split(";") == [variants.split(";")[i] for i in (0, 2)]
     like = f"{trinity_engine_args()} {like_args()}"

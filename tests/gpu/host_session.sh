@@ -126,7 +126,8 @@
 #              VLLM_WORKER_MULTIPROC_METHOD=spawn), so the start method alone is no difference. The serve first
 #              (its engine's statistics on, as in engine3b-bisect): Trinity's engine actor in the same run (~15 min;
 #              CONTEXT_NO_SERVE=1 leaves it out, ~12 min; CONTEXT_SHORT=1 runs the first and third variants only;
-#              CONTEXT_NO_PROCESS=1 leaves process_context.py out)
+#              CONTEXT_NO_PROCESS=1 leaves process_context.py out). With PY_SPY (a py-spy binary) every server gets
+#              a profile window after its levels (numeric requests; the worker, EngineCore and frontend sampled)
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -318,7 +319,8 @@ for step in "${steps[@]}"; do
                  [ -n "${CONTEXT_SHORT:-}" ] && variants="$like;@ray-actor $like"
                  RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
                  --out "$LOGS/bench/engine-context-qwen3b.json" --bare --numeric --concurrency 32,64 --window-s 12 ${CONTEXT_NO_SERVE:+--no-serve} \
-                 --bare-variants "$variants" ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+                 --bare-variants "$variants" ${PY_SPY:+--py-spy "$PY_SPY" --bare-profile-requests numeric} \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
                    echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1
