@@ -151,6 +151,7 @@ def test_the_context_step_runs_bare_like_trinity_as_it_is_with_the_actor_s_varia
     assert '[ -n "${CONTEXT_NO_PROCESS:-}" ] || python3 bench/process_context.py' in step and " --bare --numeric" in step
     # Trinity's engine actor in the same run, its engine's statistics on (the steps/s to set beside the variants')
     assert "${CONTEXT_NO_SERVE:+--no-serve}" in step  # CONTEXT_NO_SERVE=1 leaves the serve out, as the docs say
+    assert '--concurrency "${CONTEXT_LEVELS:-32,64}"' in step  # both levels unless a short session names one
     assert "--no-serve" not in step.replace("${CONTEXT_NO_SERVE:+--no-serve}", "")
     assert "RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py" in step
     assert 'like="$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"' in step

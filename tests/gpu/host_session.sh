@@ -126,7 +126,7 @@
 #              VLLM_WORKER_MULTIPROC_METHOD=spawn), so the start method alone is no difference. The serve first
 #              (its engine's statistics on, as in engine3b-bisect): Trinity's engine actor in the same run (~15 min;
 #              CONTEXT_NO_SERVE=1 leaves it out, ~12 min; CONTEXT_SHORT=1 runs the first and third variants only;
-#              CONTEXT_NO_PROCESS=1 leaves process_context.py out). With PY_SPY (a py-spy binary) every server gets
+#              CONTEXT_NO_PROCESS=1 leaves process_context.py out; CONTEXT_LEVELS=64 one level). With PY_SPY (a py-spy binary) every server gets
 #              a profile window after its levels (numeric requests; the worker, EngineCore and frontend sampled)
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
@@ -318,7 +318,8 @@ for step in "${steps[@]}"; do
                  variants="$like;$TRINITY_ACTOR_ENV $like;@ray-actor $like;@ray-actor RFTSTACK_VLLM_FORK_WORKERS=0 $like"
                  [ -n "${CONTEXT_SHORT:-}" ] && variants="$like;@ray-actor $like"
                  RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
-                 --out "$LOGS/bench/engine-context-qwen3b.json" --bare --numeric --concurrency 32,64 --window-s 12 ${CONTEXT_NO_SERVE:+--no-serve} \
+                 --out "$LOGS/bench/engine-context-qwen3b.json" --bare --numeric --concurrency "${CONTEXT_LEVELS:-32,64}" --window-s 12 \
+                 ${CONTEXT_NO_SERVE:+--no-serve} \
                  --bare-variants "$variants" ${PY_SPY:+--py-spy "$PY_SPY" --bare-profile-requests numeric} \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
