@@ -126,8 +126,9 @@
 #              VLLM_WORKER_MULTIPROC_METHOD=spawn), so the start method alone is no difference. The serve first
 #              (its engine's statistics on, as in engine3b-bisect): Trinity's engine actor in the same run (~15 min;
 #              CONTEXT_NO_SERVE=1 leaves it out, ~12 min; CONTEXT_SHORT=1 runs the first and third variants only;
-#              CONTEXT_NO_PROCESS=1 leaves process_context.py out; CONTEXT_LEVELS=64 one level). With PY_SPY (a py-spy binary) every server gets
-#              a profile window after its levels (numeric requests; the worker, EngineCore and frontend sampled)
+#              CONTEXT_NO_PROCESS=1 leaves process_context.py out; CONTEXT_LEVELS=64 one level). With PY_SPY (a
+#              py-spy binary) every server gets a profile window after its levels (numeric requests; the worker,
+#              EngineCore and frontend sampled)
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
