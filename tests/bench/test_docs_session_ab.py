@@ -133,3 +133,25 @@ def test_gpu_results_says_the_same():
             f"({actor['responses_per_s']:.1f} / {bare['responses_per_s']:.1f} responses/s)")
     assert said in results and "[AB1](#ab1-vllm-in-a-plain-ray-actor-against-bare)" in results
     assert "### AB1. vLLM in a plain Ray actor against bare" in results
+
+
+def test_where_the_actor_s_requests_spent_the_rest():
+    """The client's latency against vLLM's e2e and scheduled means: each part about 9 ms longer with the actor."""
+    t = text()
+    w = [v["levels"]["64"]["bare_like_proxy_numeric"] for v in variants()]
+    lat = [x["latency_s"]["mean"] for x in w]
+    e2e = [x["engine"]["mean_s"]["e2e_request_latency"] for x in w]
+    sched = [x["engine"]["mean_s"]["request_inference_time"] for x in w]
+    assert f"mean latency at the client was {lat[1]:.3f} s with the actor against {lat[0]:.3f} s" in t
+    assert f"about a third of the {1000 * (lat[1] - lat[0]):.0f} ms" in t
+    assert f"scheduled ({sched[1]:.3f} against {sched[0]:.3f} s)" in t
+    front = [1000 * (e - s) for e, s in zip(e2e, sched)]
+    back = [1000 * (a - e) for a, e in zip(lat, e2e)]
+    assert f"({front[1]:.0f} against {front[0]:.0f} ms: before its first step and after its last)" in t
+    assert f"client ({back[1]:.0f} against {back[0]:.0f} ms)" in t
+    parts = [1000 * (sched[1] - sched[0]), front[1] - front[0], back[1] - back[0]]
+    assert all(8 <= x <= 10 for x in parts) and abs(sum(parts) - 1000 * (lat[1] - lat[0])) < 0.5  # "a third" each
+    bare, actor = (v["profile_numeric"]["targets"] for v in variants())
+    cpu = (bare["*vllm serve"]["loop_thread"]["cpu_ms_per_response"],
+           actor["ray::VllmServeActor"]["loop_thread"]["cpu_ms_per_response"])
+    assert f"spent about as much CPU a response ({cpu[1]:.2f} against {cpu[0]:.2f} ms)" in t
