@@ -147,7 +147,7 @@ def test_where_the_actor_s_requests_spent_the_rest():
     assert f"scheduled ({sched[1]:.3f} against {sched[0]:.3f} s)" in t
     front = [1000 * (e - s) for e, s in zip(e2e, sched)]
     back = [1000 * (a - e) for a, e in zip(lat, e2e)]
-    assert f"({front[1]:.0f} against {front[0]:.0f} ms: before its first step and after its last)" in t
+    assert f"less the scheduled time, {front[1]:.0f} against {front[0]:.0f} ms, before its first step and after its last)" in t
     assert f"client ({back[1]:.0f} against {back[0]:.0f} ms)" in t
     parts = [1000 * (sched[1] - sched[0]), front[1] - front[0], back[1] - back[0]]
     assert all(8 <= x <= 10 for x in parts) and abs(sum(parts) - 1000 * (lat[1] - lat[0])) < 0.5  # "a third" each
