@@ -34,6 +34,14 @@ def doc_section(heading: str, doc: Path = REPO / "docs" / "benchmarks.md") -> st
     return m.group(1)
 
 
+def numeric_windows(result: Path, c: str) -> list[dict]:
+    """bench/serve_profile.py's windows of numeric-fields requests in one result file at level ``c``: the serve's
+    engine reached directly first (where the file has a serve), then each bare variant's, in the run's order."""
+    r = json.loads(result.read_text())
+    out = [r["serve"]["levels"][c]["engine_numeric"]] if "serve" in r else []
+    return out + [b["levels"][c]["bare_like_proxy_numeric"] for b in r.get("bare_variants", {}).values()]
+
+
 # TRINITY_ENGINE_ARGS as sessions V and W ran it (the name of that bare variant in their result files): 256 sequences a
 # step, where Trinity's engine has vLLM's scheduler default of 128 (found by tests/bench/test_engine_bisect.py since)
 ENGINE_ARGS_SESSIONS_VW = ("--max-num-batched-tokens 2048 --max-num-seqs 256 --logprobs-mode processed_logprobs --seed 42 "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from helpers import REPO
 from helpers import doc_section
+from helpers import numeric_windows
 
 RUN = REPO / "bench" / "results" / "gpu-2026-12-05ab" / "engine-context-qwen3b.json"
 LOGS = REPO / "docs" / "gpu-logs" / "2026-12-05ab"
@@ -64,7 +65,7 @@ def test_the_tables_are_the_result_file():
         row = (f"| {name} | {x['responses_per_s']:.1f} | {y['responses_per_s']:.1f} | {ratio:.2f} | "
                f"{x['engine']['steps_per_s']:.0f} / {y['engine']['steps_per_s']:.0f}, {steps:.2f} |")
         assert row in t, row
-    num = [v["levels"]["64"]["bare_like_proxy_numeric"] for v in (bare, actor)]
+    num = numeric_windows(RUN, "64")
     fields = [v["levels"]["64"]["bare_like_proxy"] for v in (bare, actor)]
     plain = [v["levels"]["64"]["bare"] for v in (bare, actor)]
 
@@ -79,15 +80,11 @@ def test_the_tables_are_the_result_file():
 
 
 def test_session_y_s_serves_against_this_distance():
-    def steps(path: Path, window: str) -> float:
-        r = json.loads(path.read_text())
-        return r["serve"]["levels"]["64"][window]["engine"]["steps_per_s"]
-    serves = [steps(Y / f, "engine_numeric") for f in ("engine-bisect-qwen3b.json", "engine-nice0-qwen3b.json",
-                                                        "engine-fork0-qwen3b.json")]
-    bares = [v["levels"]["64"]["bare_like_proxy_numeric"]["engine"]["steps_per_s"]
-             for v in json.loads((Y / "engine-bisect-qwen3b.json").read_text())["bare_variants"].values()]
+    serves = [numeric_windows(Y / f, "64")[0]["engine"]["steps_per_s"]
+              for f in ("engine-bisect-qwen3b.json", "engine-nice0-qwen3b.json", "engine-fork0-qwen3b.json")]
+    bares = [w["engine"]["steps_per_s"] for w in numeric_windows(Y / "engine-bisect-qwen3b.json", "64")[1:]]
     assert f"stepped at {min(serves) / max(bares):.2f}-{max(serves) / min(bares):.2f} of bare's rate (H200)" in text()
-    bare, actor = (v["levels"]["64"]["bare_like_proxy_numeric"]["engine"]["steps_per_s"] for v in variants())
+    bare, actor = (w["engine"]["steps_per_s"] for w in numeric_windows(RUN, "64"))
     assert actor / bare > max(serves) / min(bares)  # "smaller than the serve's distance"
 
 
@@ -127,7 +124,7 @@ def test_vllm_s_queue_spins_while_it_waits():
 
 
 def test_gpu_results_says_the_same():
-    bare, actor = (v["levels"]["64"]["bare_like_proxy_numeric"] for v in variants())
+    bare, actor = numeric_windows(RUN, "64")
     results = " ".join((REPO / "docs" / "gpu-results.md").read_text().split())
     said = (f"the actor {actor['responses_per_s'] / bare['responses_per_s']:.2f} of bare with the proxy's request "
             f"({actor['responses_per_s']:.1f} / {bare['responses_per_s']:.1f} responses/s)")
@@ -138,7 +135,7 @@ def test_gpu_results_says_the_same():
 def test_where_the_actor_s_requests_spent_the_rest():
     """The client's latency against vLLM's e2e and scheduled means: each part about 9 ms longer with the actor."""
     t = text()
-    w = [v["levels"]["64"]["bare_like_proxy_numeric"] for v in variants()]
+    w = numeric_windows(RUN, "64")
     lat = [x["latency_s"]["mean"] for x in w]
     e2e = [x["engine"]["mean_s"]["e2e_request_latency"] for x in w]
     sched = [x["engine"]["mean_s"]["request_inference_time"] for x in w]

@@ -8,6 +8,7 @@ import json
 
 from helpers import REPO
 from helpers import doc_section
+from helpers import numeric_windows
 
 RUNS = REPO / "bench" / "results" / "cpu-2026-12-05y"
 HEADING = "### Trinity's proxy in a Ray actor, as the Explorer serves it"
@@ -69,9 +70,7 @@ def gpu_section() -> str:
 
 def numeric(name: str, c: str) -> list[dict]:
     """The numeric-fields windows of one file at level c: the serve's engine first, then each bare variant's."""
-    r = json.loads((GPU / name).read_text())
-    out = [r["serve"]["levels"][c]["engine_numeric"]] if "serve" in r else []
-    return out + [b["levels"][c]["bare_like_proxy_numeric"] for b in r.get("bare_variants", {}).values()]
+    return numeric_windows(GPU / name, c)
 
 
 def test_the_engine_table_is_the_result_files():
