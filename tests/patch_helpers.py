@@ -56,7 +56,7 @@ def add_torch(site: Path) -> Path:
 TRINITY_FILES = ("trinity/manager/synchronizer.py", "trinity/explorer/explorer.py", "trinity/explorer/proxy/app.py",
                  "trinity/explorer/proxy/service.py", "trinity/explorer/proxy/recorder.py", "trinity/buffer/storage/sql.py",
                  "trinity/algorithm/sample_strategy/sample_strategy.py", "trinity/cli/launcher.py",
-                 "trinity/common/models/vllm_model.py")
+                 "trinity/common/models/vllm_model.py", "trinity/common/models/vllm_patch/api_patch_v17.py")
 
 
 def trinity_patches():

@@ -85,7 +85,7 @@ in
           "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch"
           "trinity-launcher-head-env.patch" "trinity-engine-uni-executor.patch" "trinity-coordinator-early.patch"
           "trinity-proxy-numeric-logprobs.patch" "trinity-proxy-build-processes.patch"
-          "trinity-engine-log-stats.patch" ];
+          "trinity-engine-log-stats.patch" "trinity-engine-anyio-root.patch" ];
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
       verl = { version = "0.8.0"; files = [ "verl-unpad-without-flash-attn.patch" ]; };

@@ -170,3 +170,18 @@ def test_the_context_step_runs_bare_like_trinity_as_it_is_with_the_actor_s_varia
     assert env3 == {"RFTSTACK_VLLM_FORK_WORKERS": "0"}
     assert argv0 == argv1 and argv0[:2] == ["vllm", "serve"] and argv2 == argv3
     assert argv2[1].endswith("bench/vllm_in_ray.py") and argv2[2:] == argv0[2:]
+
+
+def test_the_anyio_step_runs_the_serve_with_the_patch_off_then_on_beside_bare():
+    """engine3b-anyio: the serve with RFTSTACK_ENGINE_ANYIO_ROOT=0 (upstream), then the serve with the patch on (the
+    switch unset: the default) and bare with every engine argument Trinity's; the same levels, windows and requests."""
+    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
+    step = script.split("        engine3b-anyio) ", 1)[1].split(";;", 1)[0]
+    off, on = step.split("RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py")[1:]
+    assert step.split("RFTSTACK_ENGINE_LOG_STATS=1")[0] == "wait; RFTSTACK_ENGINE_ANYIO_ROOT=0 "
+    assert "RFTSTACK_ENGINE_ANYIO_ROOT" not in on and "--bare " not in off and "--bare --numeric" in on
+    assert '--bare-variants "$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS"' in on
+    for half in (off, on):
+        assert "--concurrency 32,64 --window-s 12" in half and "--numeric" in half and '--py-spy "$PY_SPY"' in half
+    assert "engine-anyio0-qwen3b.json" in off and "engine-anyio-qwen3b.json" in on
+    assert "#   engine3b-anyio  patches/trinity-engine-anyio-root.patch under load" in script

@@ -114,6 +114,10 @@
 #   engine3b-nice0  the serve only, as in engine3b-bisect but its Ray workers at niceness 0 (--worker-niceness 0 through
 #              RFTSTACK_WORKER_NICENESS; Ray's default is 15, which its proxy, engine actor, EngineCore and worker
 #              inherit, where bare runs at 0): run right after engine3b-bisect, whose serve is the same at 15
+#   engine3b-anyio  patches/trinity-engine-anyio-root.patch under load: the serve with it off (RFTSTACK_ENGINE_ANYIO_ROOT=0,
+#              upstream: anyio starts a worker thread for most responses of the engine's server), then the serve with it on
+#              (the default) beside bare with every engine argument Trinity's, the same 12 s windows and numeric
+#              requests, the engine's statistics on (~9 min; with PY_SPY each serve and bare get a profile window)
 #   engine3b-context  what differs between the processes Trinity's engine actor starts and those of bare `vllm serve`,
 #              then which of it costs the engine its steps: bench/process_context.py (no GPU: what each process
 #              inherits, and a CPU workload in each), then bare only, 12 s windows with numeric logprobs, every engine
@@ -312,6 +316,14 @@ for step in "${steps[@]}"; do
         engine3b-bisect) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
                  --out "$LOGS/bench/engine-bisect-qwen3b.json" --concurrency 32,64 --window-s 12 --bare --numeric \
                  --bare-variants "$TRINITY_ENGINE_ARGS;$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        engine3b-anyio) wait; RFTSTACK_ENGINE_ANYIO_ROOT=0 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py \
+                 --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-anyio0-qwen3b.json" --concurrency 32,64 --window-s 12 \
+                 --numeric ${PY_SPY:+--py-spy "$PY_SPY"} ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor}
+                 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b \
+                 --out "$LOGS/bench/engine-anyio-qwen3b.json" --bare --numeric --concurrency 32,64 --window-s 12 \
+                 --bare-variants "$TRINITY_ENGINE_ARGS $TRINITY_LIKE_ARGS" \
+                 ${PY_SPY:+--py-spy "$PY_SPY" --bare-profile-requests numeric} \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         engine3b-context) wait; [ -n "${CONTEXT_NO_PROCESS:-}" ] || python3 bench/process_context.py \
                  --out "$LOGS/bench/process-context-host.json" --rounds 3 > "$LOGS/process-context.txt" 2>&1

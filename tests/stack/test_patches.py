@@ -161,6 +161,7 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-build-processes.patch: trinity/explorer/proxy/recorder.py: applied",
         "trinity-proxy-build-processes.patch: trinity/explorer/proxy/app.py: applied",
         "trinity-engine-log-stats.patch: trinity/common/models/vllm_model.py: applied",
+        "trinity-engine-anyio-root.patch: trinity/common/models/vllm_patch/api_patch_v17.py: applied",
     ]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and all(l.endswith("already applied") for l in again.stdout.splitlines())
