@@ -111,6 +111,12 @@ def test_the_frames_ranges_and_the_mechanism():
     assert f"`run_in_threadpool`: {rng(actorish[pool])} ms a response in the actor and in the serve, {rng(bare[pool])} in bare" in t
     assert f"({rng(actorish[handler])} against {rng(bare[handler])} ms, and {rng(actorish[proc])} against {rng(bare[proc])} ms)" in t
     assert min(actorish[pool]) > 10 * max(bare[pool])
+    from rftstack.stack import policy
+
+    (patch,) = [p for p in policy.load().patches if p.file == "trinity-engine-anyio-root.patch"]
+    why = " ".join(patch.why.split())
+    assert f"spent {rng(actorish[pool])} ms of every response in this path" in why
+    assert f"where bare `vllm serve` spent {rng(bare[pool])} ms" in why
     # the stacks under it: anyio's root-task scan and a thread started, in the actor's and the serve's frontend
     import gzip
     for stacks, name in ((R / "stacks", "serve-ray-vLLMRolloutModel-c64"), (R / "stacks-r2", None)):
