@@ -111,6 +111,14 @@ def test_the_frames_ranges_and_the_mechanism():
     assert f"`run_in_threadpool`: {rng(actorish[pool])} ms a response in the actor and in the serve, {rng(bare[pool])} in bare" in t
     assert f"({rng(actorish[handler])} against {rng(bare[handler])} ms, and {rng(actorish[proc])} against {rng(bare[proc])} ms)" in t
     assert min(actorish[pool]) > 10 * max(bare[pool])
+    for path, stacks in RUNS:  # "two to four times as long ... as bare in the same run", pair by pair
+        got = {name: ms for name, _, ms in stack_frames.rows(json.loads(path.read_text()), stacks)}
+        for fr in (handler, proc):
+            ratio = (got["bare @ray-actor TRINITY_ENGINE_ARGS TRINITY_LIKE_ARGS"][fr]
+                     / got["bare TRINITY_ENGINE_ARGS TRINITY_LIKE_ARGS"][fr])
+            assert 2 <= ratio <= 4, (path.name, fr, ratio)
+    assert "two to four times as long a response in the actor as bare in the same run" in t
+    assert "from commit 0a0900c's tree, before the patch below: every server here ran anyio as upstream" in t
     from rftstack.stack import policy
 
     (patch,) = [p for p in policy.load().patches if p.file == "trinity-engine-anyio-root.patch"]
