@@ -31,13 +31,23 @@ PROBE = HERE / "anyio_root_probe.py"
 SWITCHES = {"on": "-", "off": "0"}
 
 
-def run_probe(head, switch: str, requests: int, c: int) -> dict:
+def run_probe(head, switch: str, requests: int, c: int, timeout: float = 900) -> dict:
+    """One anyio_root_probe.py run against ``head``: its JSON line with ``rc``, its exit status; where it printed
+    none, ``rc`` and the end of its stderr (``stderr``)."""
     out = subprocess.run([sys.executable, str(PROBE), head.address, switch, str(requests), str(c)], capture_output=True,
-                         text=True, timeout=900, env={**os.environ, **head.env()})
+                         text=True, timeout=timeout, env={**os.environ, **head.env()})
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise SystemExit(f"anyio_root: the probe failed (exit {out.returncode}): {out.stderr.strip()[-1500:]}")
-    return json.loads(lines[-1])
+    if not lines:
+        return {"rc": out.returncode, "stderr": out.stderr.strip()[-3000:]}
+    return {**json.loads(lines[-1]), "rc": out.returncode}
+
+
+def measured(head, switch: str, requests: int, c: int) -> dict:
+    """run_probe's result, or this script's end with the probe's reason where it failed."""
+    r = run_probe(head, switch, requests, c)
+    if r["rc"] != 0 or "stderr" in r:
+        raise SystemExit(f"anyio_root: the probe failed (exit {r['rc']}): {r.get('error') or r['stderr'][-1500:]}")
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("anyio_root: warm-up pair (not counted)", flush=True)
             for name in ("on", "off"):
-                run_probe(head, SWITCHES[name], max(50, args.requests // 10), args.concurrency)
+                measured(head, SWITCHES[name], max(50, args.requests // 10), args.concurrency)
             for i in range(args.rounds):
                 order = ("on", "off") if i % 2 == 0 else ("off", "on")
                 rnd: dict = {"order": list(order)}
                 for name in order:
-                    rnd[name] = run_probe(head, SWITCHES[name], args.requests, args.concurrency)
+                    rnd[name] = measured(head, SWITCHES[name], args.requests, args.concurrency)
                     print(f"anyio_root: round {i + 1} {name}: {rnd[name]['requests_per_s']} requests/s, "
                           f"{rnd[name]['threads']} worker threads for {rnd[name]['calls']} background calls", flush=True)
                 rnd["ratio_on_off"] = round(rnd["on"]["requests_per_s"] / rnd["off"]["requests_per_s"], 3)

@@ -169,6 +169,12 @@ def top_inclusive(stacks: list[tuple[list[str], int]], ms_per_response: float, t
     return {k: round(v / busy * ms_per_response, 3) for k, v in counts.most_common(top)} if busy else {}
 
 
+def collapsed_file(out_dir: Path, label: str, target: str, c: int | str) -> Path:
+    """Where a profile window of ``label`` keeps ``target``'s stacks at level ``c`` (bench/stack_frames.py reads them)."""
+    name = target.strip("*").replace("::", "-").replace(" ", "-").replace("/", "")
+    return out_dir / f"{label}-{name}-c{c}.collapsed.gz"
+
+
 def profile_targets(base: str, model: str, c: int, args, py_spy: list[str], out_dir: Path, targets: list[str],
                     label: str, like_proxy: bool | str = False) -> dict:
     """One more window at concurrency ``c`` against ``base``, with py-spy recording each process whose
@@ -210,8 +216,7 @@ def profile_targets(base: str, model: str, c: int, args, py_spy: list[str], out_
             r["error"] = "py-spy could not record it (needs ptrace: root, or kernel.yama.ptrace_scope=0)"
             continue
         stacks = pp.read_collapsed(raw.read_text())
-        name = t.strip("*").replace("::", "-").replace(" ", "-").replace("/", "")
-        (out_dir / f"{label}-{name}-c{c}.collapsed.gz").write_bytes(gzip.compress(pp.normalise(stacks).encode(), mtime=0))
+        collapsed_file(out_dir, label, t, c).write_bytes(gzip.compress(pp.normalise(stacks).encode(), mtime=0))
         raw.unlink()
         r.update(thread_profile(stacks, tid_cpu, w["responses"]))
         r["top_self"] = pp.summarise(stacks, top=25)["top_self"]

@@ -20,17 +20,18 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_table  # noqa: E402
+import serve_profile  # noqa: E402
+
 # the frames docs/benchmarks.md reads (session AC): anyio's worker-thread path, vLLM's output handler and processor
 FRAMES = ("run_in_threadpool", "AsyncLLM._run_output_handler.<locals>.output_handler", "OutputProcessor.process_outputs")
 FRONTENDS = ("*vllm serve", "ray::VllmServeActor", "ray::vLLMRolloutModel")
 
 
-def frontend_windows(result: dict, level: str = "64") -> list[tuple[str, dict, str]]:
+def frontend_windows(result: dict) -> list[tuple[str, dict, str]]:
     """(server name, its profile, the frontend's target) of each server with a profile window, in the order they ran;
     a bare variant named as bench/engine_table.py names it (host_session.sh's variables for their words)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import engine_table
-
     names = engine_table.host_session_names()
     out = []
     if result.get("serve", {}).get("profile"):
@@ -46,9 +47,7 @@ def frontend_windows(result: dict, level: str = "64") -> list[tuple[str, dict, s
 def collapsed_path(stacks: Path, prof: dict, target: str, level: str) -> Path:
     """The stacks file profile_targets wrote for ``target``: its label is the raw file's name less ``-PID.raw.txt``."""
     raw = prof["targets"][target]["py_spy"]["command"].split(" -o ", 1)[1].split()[0]
-    label = re.sub(r"-\d+\.raw\.txt$", "", Path(raw).name)
-    name = target.strip("*").replace("::", "-").replace(" ", "-").replace("/", "")
-    return stacks / f"{label}-{name}-c{level}.collapsed.gz"
+    return serve_profile.collapsed_file(stacks, re.sub(r"-\d+\.raw\.txt$", "", Path(raw).name), target, level)
 
 
 def rate(prof: dict, target: str) -> int:
@@ -70,7 +69,7 @@ def frame_ms(path: Path, frames: tuple[str, ...], responses: int, hz: int) -> di
 
 def rows(result: dict, stacks: Path, frames: tuple[str, ...] = FRAMES, level: str = "64") -> list[tuple[str, str, dict]]:
     out = []
-    for name, prof, target in frontend_windows(result, level):
+    for name, prof, target in frontend_windows(result):
         ms = frame_ms(collapsed_path(stacks, prof, target, level), frames, prof["window"]["responses"], rate(prof, target))
         out.append((name, target, ms))
     return out

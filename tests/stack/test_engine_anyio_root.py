@@ -7,34 +7,28 @@ value stops the module's import (so the engine's API server) with one sentence.
 Real: a Ray async actor on the session's loopback Ray head, the installed Trinity's run_server_worker_in_ray (with the
 policy's patches, `rftstack relax`), vLLM's serve_http (uvicorn) and load_aware_call, Starlette and anyio as locked,
 HTTP requests at concurrency 4. What stands in (TEST DOUBLES, an engine needs a GPU): vLLM's app and its state and
-the engine client (bench/anyio_root_probe.py). What the patch is worth under load on the GPU host is
+the engine client (bench/anyio_root_probe.py, run by bench/anyio_root.py's run_probe). What the patch is worth under load on the GPU host is
 bench/anyio_root.py's and tests/gpu/host_session.sh's part (docs/benchmarks.md section 1).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import anyio_root
 from rftstack.stack import patches
 from rftstack.stack import policy
 
-PROBE = Path(__file__).resolve().parents[2] / "bench" / "anyio_root_probe.py"
 REL = "trinity/common/models/vllm_patch/api_patch_v17.py"
 REQUESTS = 48
 
 
 def probe(head, switch: str) -> dict:
-    out = subprocess.run([sys.executable, str(PROBE), head.address, switch, str(REQUESTS), "4"], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, **head.env()})
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    assert lines, out.stderr[-3000:]
-    return {**json.loads(lines[-1]), "rc": out.returncode}
+    r = anyio_root.run_probe(head, switch, REQUESTS, 4, timeout=300)
+    assert "stderr" not in r, r["stderr"]  # the probe printed its JSON line
+    return r
 
 
 @pytest.fixture(scope="module")
