@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What patches/trinity-engine-anyio-root.patch saves Trinity's engine API server per response, on any machine.
+"""What patches/trinity-engine-anyio-root.patch saves Trinity's engine API server per response, on any machine, and
+how far the patched server in a Ray actor stands from the same server as `vllm serve` runs it.
 
 Usage:
     PYTHONPATH=python python bench/anyio_root.py --out FILE.json [--rounds 3] [--requests 2000] [--concurrency 32]
@@ -7,10 +8,13 @@ Usage:
 Trinity's engine API server as its engine actor runs it (bench/anyio_root_probe.py: a real Ray async actor on an own
 loopback Ray head, the installed Trinity's run_server_worker_in_ray, vLLM's serve_http and load_aware_call), in front of
 a TEST DOUBLE app that answers at once (vLLM's engine needs a GPU), so what is measured is the server's own cost a
-response, where the patch acts: with the patch on (RFTSTACK_ENGINE_ANYIO_ROOT unset) and off (=0, upstream), one after
-the other, the order alternating between rounds, one warm-up pair first not counted. Per run: requests/s at the client
-(closed loop, --concurrency clients over HTTP/1.1, a new connection each), the worker threads anyio started. Reported:
-the ratio on/off of each round and their median. Nothing is asserted (speed is reported, not tested).
+response, where the patch acts. Three servers, one after the other: ``on``, the actor with the patch on
+(RFTSTACK_ENGINE_ANYIO_ROOT unset); ``off``, the actor with it off (=0, upstream); ``plain``, the same server in a plain
+process on uvloop.run()'s loop in its main thread, as `vllm serve` runs its own (=0: upstream code). The order rotates
+from round to round; one warm-up run of each first, not counted. Per run: requests/s at the client (closed loop,
+--concurrency clients over HTTP/1.1, a new connection each), the worker threads anyio started, the CPU a request of
+the server's loop thread and of its process. Reported: each round's ratios on/off, on/plain and off/plain and their
+medians. Nothing is asserted (speed is reported, not tested).
 """
 
 from __future__ import annotations
@@ -28,13 +32,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "anyio_root_probe.py"
-SWITCHES = {"on": "-", "off": "0"}
+SERVERS = {"on": ("-", False), "off": ("0", False), "plain": ("0", True)}  # name: (the switch, a plain process)
+RATIOS = (("on", "off"), ("on", "plain"), ("off", "plain"))
 
 
-def run_probe(head, switch: str, requests: int, c: int, timeout: float = 900) -> dict:
-    """One anyio_root_probe.py run against ``head``: its JSON line with ``rc``, its exit status; where it printed
-    none, ``rc`` and the end of its stderr (``stderr``)."""
-    out = subprocess.run([sys.executable, str(PROBE), head.address, switch, str(requests), str(c)], capture_output=True,
+def run_probe(head, switch: str, requests: int, c: int, timeout: float = 900, plain: bool = False) -> dict:
+    """One anyio_root_probe.py run: the server in a Ray actor on ``head``, or with ``plain`` in a plain process on
+    uvloop.run() as `vllm serve` runs it. Its JSON line with ``rc``, its exit status; where it printed none, ``rc``
+    and the end of its stderr (``stderr``)."""
+    where = "plain" if plain else head.address
+    out = subprocess.run([sys.executable, str(PROBE), where, switch, str(requests), str(c)], capture_output=True,
                          text=True, timeout=timeout, env={**os.environ, **head.env()})
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -42,9 +49,11 @@ def run_probe(head, switch: str, requests: int, c: int, timeout: float = 900) ->
     return {**json.loads(lines[-1]), "rc": out.returncode}
 
 
-def measured(head, switch: str, requests: int, c: int) -> dict:
-    """run_probe's result, or this script's end with the probe's reason where it failed."""
-    r = run_probe(head, switch, requests, c)
+def measured(head, name: str, requests: int, c: int) -> dict:
+    """run_probe's result for the server ``name`` (SERVERS), or this script's end with the probe's reason where it
+    failed."""
+    switch, plain = SERVERS[name]
+    r = run_probe(head, switch, requests, c, plain=plain)
     if r["rc"] != 0 or "stderr" in r:
         raise SystemExit(f"anyio_root: the probe failed (exit {r['rc']}): {r.get('error') or r['stderr'][-1500:]}")
     return r
@@ -68,25 +77,33 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="anyio-root-") as tmp:
         head = ray_head.start(state_dir=Path(tmp), num_gpus=0, num_cpus=1)
         try:
-            print("anyio_root: warm-up pair (not counted)", flush=True)
-            for name in ("on", "off"):
-                measured(head, SWITCHES[name], max(50, args.requests // 10), args.concurrency)
+            print("anyio_root: one warm-up run of each server (not counted)", flush=True)
+            for name in SERVERS:
+                measured(head, name, max(50, args.requests // 10), args.concurrency)
+            names = list(SERVERS)
             for i in range(args.rounds):
-                order = ("on", "off") if i % 2 == 0 else ("off", "on")
-                rnd: dict = {"order": list(order)}
+                order = names[i % len(names):] + names[:i % len(names)]
+                rnd: dict = {"order": order}
                 for name in order:
-                    rnd[name] = measured(head, SWITCHES[name], args.requests, args.concurrency)
-                    print(f"anyio_root: round {i + 1} {name}: {rnd[name]['requests_per_s']} requests/s, "
-                          f"{rnd[name]['threads']} worker threads for {rnd[name]['calls']} background calls", flush=True)
-                rnd["ratio_on_off"] = round(rnd["on"]["requests_per_s"] / rnd["off"]["requests_per_s"], 3)
+                    rnd[name] = r = measured(head, name, args.requests, args.concurrency)
+                    print(f"anyio_root: round {i + 1} {name}: {r['requests_per_s']} requests/s, {r['threads']} worker "
+                          f"threads for {r['calls']} background calls, loop thread {r['loop_thread_ms_per_request']} "
+                          f"ms CPU a request", flush=True)
+                for a, b in RATIOS:
+                    rnd[f"ratio_{a}_{b}"] = round(rnd[a]["requests_per_s"] / rnd[b]["requests_per_s"], 3)
                 result["rounds"].append(rnd)
         finally:
             ray_head.stop(head, timeout=5, remove_temp=True)
-    result["median_ratio_on_off"] = statistics.median(r["ratio_on_off"] for r in result["rounds"])
+    for a, b in RATIOS:
+        result[f"median_ratio_{a}_{b}"] = statistics.median(r[f"ratio_{a}_{b}"] for r in result["rounds"])
+    for name in SERVERS:
+        result[f"median_loop_thread_ms_{name}"] = statistics.median(
+            r[name]["loop_thread_ms_per_request"] for r in result["rounds"])
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"anyio_root: patch on / off: {result['median_ratio_on_off']:.3f} (median of {args.rounds} rounds) -> {args.out}")
+    print(f"anyio_root: requests/s, medians of {args.rounds} rounds: patch on / off {result['median_ratio_on_off']:.3f}, "
+          f"on / plain {result['median_ratio_on_plain']:.3f}, off / plain {result['median_ratio_off_plain']:.3f} -> {args.out}")
     return 0
 
 

@@ -185,3 +185,13 @@ def test_the_anyio_step_runs_the_serve_with_the_patch_off_then_on_beside_bare():
         assert "--concurrency 32,64 --window-s 12" in half and "--numeric" in half and '--py-spy "$PY_SPY"' in half
     assert "engine-anyio0-qwen3b.json" in off and "engine-anyio-qwen3b.json" in on
     assert "#   engine3b-anyio  patches/trinity-engine-anyio-root.patch under load" in script
+
+
+def test_the_anyiocpu_step_runs_the_cpu_bench_with_its_plain_process_on_the_hosts_cpu():
+    """anyiocpu: bench/anyio_root.py (the actor with the patch on and off, and the plain process) on the GPU host's
+    CPU, six rounds so each order comes twice; it needs no GPU."""
+    script = (REPO / "tests" / "gpu" / "host_session.sh").read_text()
+    step = script.split("        anyiocpu) ", 1)[1].split(";;", 1)[0]
+    assert step.startswith("python3 bench/anyio_root.py --out \"$LOGS/bench/anyio-root-host.json\" --rounds 6")
+    assert "--requests 2000" in step and "--concurrency 32" in step and "wait" not in step
+    assert "#   anyiocpu   bench/anyio_root.py on this host's CPU (no GPU)" in script

@@ -133,6 +133,9 @@
 #              CONTEXT_NO_PROCESS=1 leaves process_context.py out; CONTEXT_LEVELS=64 one level). With PY_SPY (a
 #              py-spy binary) every server gets a profile window after its levels (numeric requests; the worker,
 #              EngineCore and frontend sampled)
+#   anyiocpu   bench/anyio_root.py on this host's CPU (no GPU): the engine's API server before a TEST DOUBLE app in a
+#              Ray actor with patches/trinity-engine-anyio-root.patch on and off, and in a plain process on uvloop.run()
+#              as `vllm serve` runs it; 6 rounds, 2000 requests at c=32 (~3 min)
 #   cpuinfo    the host's CPUs as the guest sees them (lscpu, SMT siblings, NUMA, the cgroup's CPU limit, the GPU's
 #              CPU affinity): cpuinfo.txt
 #   proxycpu   bench/proxy_overhead.py on this host's CPU (the proxy in front of the TEST DOUBLE upstream, no GPU):
@@ -335,6 +338,8 @@ for step in "${steps[@]}"; do
                  ${CONTEXT_NO_SERVE:+--no-serve} \
                  --bare-variants "$variants" ${PY_SPY:+--py-spy "$PY_SPY" --bare-profile-requests numeric} \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        anyiocpu) python3 bench/anyio_root.py --out "$LOGS/bench/anyio-root-host.json" --rounds 6 --requests 2000 \
+                 --concurrency 32 > "$LOGS/anyio-root-host.txt" 2>&1 ;;
         cpuinfo) { lscpu; echo "--- SMT siblings"; cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | sort | uniq -c
                    echo "--- NUMA"; ls -d /sys/devices/system/node/node* 2>&1
                    echo "--- cgroup"; cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpuset.cpus.effective 2>&1

@@ -6,7 +6,8 @@ value stops the module's import (so the engine's API server) with one sentence.
 
 Real: a Ray async actor on the session's loopback Ray head, the installed Trinity's run_server_worker_in_ray (with the
 policy's patches, `rftstack relax`), vLLM's serve_http (uvicorn) and load_aware_call, Starlette and anyio as locked,
-HTTP requests at concurrency 4. What stands in (TEST DOUBLES, an engine needs a GPU): vLLM's app and its state and
+HTTP requests at concurrency 4; and the same server in a plain process on uvloop.run(), as `vllm serve` runs its own.
+What stands in (TEST DOUBLES, an engine needs a GPU): vLLM's app and its state and
 the engine client (bench/anyio_root_probe.py, run by bench/anyio_root.py's run_probe). What the patch is worth under load on the GPU host is
 bench/anyio_root.py's and tests/gpu/host_session.sh's part (docs/benchmarks.md section 1).
 """
@@ -25,15 +26,16 @@ REL = "trinity/common/models/vllm_patch/api_patch_v17.py"
 REQUESTS = 48
 
 
-def probe(head, switch: str) -> dict:
-    r = anyio_root.run_probe(head, switch, REQUESTS, 4, timeout=300)
+def probe(head, switch: str, plain: bool = False) -> dict:
+    r = anyio_root.run_probe(head, switch, REQUESTS, 4, timeout=300, plain=plain)
     assert "stderr" not in r, r["stderr"]  # the probe printed its JSON line
     return r
 
 
 @pytest.fixture(scope="module")
 def runs(session_head) -> dict:
-    return {switch: probe(session_head, switch) for switch in ("-", "0", "yes")}
+    return {**{switch: probe(session_head, switch) for switch in ("-", "0", "yes")},
+            "plain": probe(session_head, "0", plain=True)}
 
 
 def test_by_default_the_worker_threads_are_reused(runs):
@@ -50,6 +52,15 @@ def test_switched_off_most_responses_start_a_thread_of_their_own_as_upstream(run
     r = runs["0"]
     assert r["rc"] == 0 and r["switch"] is False and r["answered"] == REQUESTS and r["load"] == 0
     assert r["threads"] >= r["calls"] // 2 and r["threads"] >= 3 * runs["-"]["threads"], (r, runs["-"])
+
+
+def test_upstream_in_a_plain_process_on_uvloop_run_reuses_its_threads_as_the_patch_makes_the_actor_do(runs):
+    """The premise of the patch: the same upstream code, in a process of its own on uvloop.run()'s loop as `vllm serve`
+    runs its server, finds its root task and keeps its worker threads."""
+    r = runs["plain"]
+    assert r["rc"] == 0 and r["server"] == "plain" and r["switch"] is False and r["answered"] == REQUESTS, r
+    assert r["load"] == 0 and r["calls"] > REQUESTS and r["threads"] <= REQUESTS // 4, r
+    assert runs["0"]["threads"] >= 3 * r["threads"], (runs["0"], r)
 
 
 def test_a_bad_value_stops_the_engines_server_with_one_sentence(runs):
