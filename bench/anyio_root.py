@@ -13,7 +13,9 @@ response, where the patch acts. Three servers, one after the other: ``on``, the 
 process on uvloop.run()'s loop in its main thread, as `vllm serve` runs its own (=0: upstream code). The order rotates
 from round to round; one warm-up run of each first, not counted. Per run: requests/s at the client (closed loop,
 --concurrency clients over HTTP/1.1, a new connection each), the worker threads anyio started, the CPU a request of
-the server's loop thread and of its process. Reported: each round's ratios on/off, on/plain and off/plain and their
+the server's loop thread and of its process (less the fixed work's), and the median CPU and wall time of a fixed piece
+of pure-Python work the loop runs every 5 ms while the requests run (the probe's ``fixed_work``: does the same work
+cost more on that loop under one server than another). Reported: each round's ratios on/off, on/plain and off/plain and their
 medians. Nothing is asserted (speed is reported, not tested).
 """
 
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     rnd[name] = r = measured(head, name, args.requests, args.concurrency)
                     print(f"anyio_root: round {i + 1} {name}: {r['requests_per_s']} requests/s, {r['threads']} worker "
                           f"threads for {r['calls']} background calls, loop thread {r['loop_thread_ms_per_request']} "
-                          f"ms CPU a request", flush=True)
+                          f"ms CPU a request, fixed work {r['fixed_work_cpu_us']} us CPU", flush=True)
                 for a, b in RATIOS:
                     rnd[f"ratio_{a}_{b}"] = round(rnd[a]["requests_per_s"] / rnd[b]["requests_per_s"], 3)
                 result["rounds"].append(rnd)
@@ -97,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     for a, b in RATIOS:
         result[f"median_ratio_{a}_{b}"] = statistics.median(r[f"ratio_{a}_{b}"] for r in result["rounds"])
     for name in SERVERS:
-        result[f"median_loop_thread_ms_{name}"] = statistics.median(
-            r[name]["loop_thread_ms_per_request"] for r in result["rounds"])
+        for key, field in (("loop_thread_ms", "loop_thread_ms_per_request"), ("fixed_work_cpu_us", "fixed_work_cpu_us")):
+            seen = [r[name][field] for r in result["rounds"] if r[name][field] is not None]  # none: no tick ran
+            result[f"median_{key}_{name}"] = statistics.median(seen) if seen else None
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

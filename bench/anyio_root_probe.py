@@ -11,14 +11,16 @@ needs a GPU): vLLM's app (``build_app``: one chat-completions route, decorated w
 vLLM's own is, answering at once) and its state (``init_app_state``: the load tracking on, as Trinity's server
 arguments set it) and the engine client (never errored). Prints one JSON line: the requests answered, the worker
 threads anyio started for their background tasks (each one's Thread object kept, so none is counted twice), the load
-counter after the last response (0: every decrement ran), requests/s at the client, and the CPU time a request of the
-server's loop thread and of its whole process (``/probe/report`` before and after the timed requests).
+counter after the last response (0: every decrement ran), requests/s at the client, the CPU time a request of the
+server's loop thread and of its whole process (``/probe/report`` before and after the timed requests, less the fixed
+work's), and the median CPU and wall time of ``fixed_work``, which the loop runs every 5 ms, while the requests ran.
 """
 
 
 import asyncio  # no `from __future__ import annotations`: FastAPI reads the route's annotations at run time
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,24 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 SWITCH_VAR = "RFTSTACK_ENGINE_ANYIO_ROOT"
-_SERVERS: set = set()  # the server tasks, referenced while they run
+_SERVERS: set = set()  # the server's tasks, referenced while they run
+TICK_S = 0.005
+
+
+class _Out:  # what fixed_work makes, like the small objects an output handler makes a response
+    __slots__ = ("id", "tokens", "text")
+
+    def __init__(self, id_: int, tokens: list, text: str):
+        self.id, self.tokens, self.text = id_, tokens, text
+
+
+def fixed_work(n: int = 200) -> int:
+    """A fixed piece of pure-Python work: small dicts, lists, strings and objects, as vLLM's output processing makes."""
+    made = []
+    for i in range(n):
+        d = {"id": i, "tokens": [i, i + 1, i + 2], "text": str(i)}
+        made.append(_Out(d["id"], d["tokens"], d["text"] + "-"))
+    return len(made)
 
 
 async def start_server() -> int:
@@ -57,11 +76,26 @@ async def start_server() -> int:
     async def chat(raw_request: Request):  # TEST DOUBLE for vLLM's chat route (its engine needs a GPU)
         return JSONResponse({"choices": []}, background=BackgroundTask(seen))
 
+    ticks: list[tuple[int, int]] = []  # the fixed work's (CPU ns, wall ns) on the loop, one a tick
+
+    async def ticker() -> None:
+        """Every TICK_S, FIXED_WORK on the server's loop thread: what the same Python work costs there (vLLM's output
+        handler runs on that loop in the engine's server) while the server answers."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+            fixed_work()
+            ticks.append((time.thread_time_ns() - c0, time.perf_counter_ns() - w0))
+
     @app.get("/probe/report")
-    async def report():  # runs on the server's loop thread, so thread_time() is that thread's CPU
+    async def report(since: int = 0):  # runs on the server's loop thread, so thread_time() is that thread's CPU
+        window = ticks[since:]
         return {"switch": m._ANYIO_ROOT, "threads": len({id(t) for t in threads}), "calls": len(threads),
                 "load": app.state.server_load_metrics, "loop_thread_cpu_s": time.thread_time(),
-                "process_cpu_s": time.process_time()}
+                "process_cpu_s": time.process_time(), "ticks": len(ticks),
+                "ticks_cpu_s": sum(c for c, _ in ticks) / 1e9,
+                "fixed_work_cpu_us": round(statistics.median(c for c, _ in window) / 1e3, 1) if window else None,
+                "fixed_work_wall_us": round(statistics.median(w for _, w in window) / 1e3, 1) if window else None}
 
     engine = SimpleNamespace(errored=False, is_running=True, dead_error=None,
                              vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(_api_process_rank=0)))
@@ -81,6 +115,7 @@ async def start_server() -> int:
                            disable_uvicorn_access_log=True, ssl_keyfile=None, ssl_certfile=None,
                            ssl_ca_certs=None, ssl_cert_reqs=0, h11_max_incomplete_event_size=None,
                            h11_max_header_count=None)
+    _SERVERS.add(asyncio.create_task(ticker()))
     _SERVERS.add(asyncio.create_task(  # as Trinity's get_api_server does
         m.run_server_worker_in_ray(f"http://127.0.0.1:{args.port}", sock, args, engine, logging.getLogger("probe"))))
     return args.port
@@ -124,8 +159,8 @@ def load(base: str, n: int, c: int) -> dict:
         except OSError:
             time.sleep(0.1)
 
-    def report() -> dict:
-        return json.loads(urllib.request.urlopen(f"{base}/probe/report", timeout=30).read())
+    def report(query: str = "") -> dict:
+        return json.loads(urllib.request.urlopen(f"{base}/probe/report{query}", timeout=30).read())
 
     def one(_: int) -> int:
         return urllib.request.urlopen(urllib.request.Request(url, b"{}", method="POST"), timeout=30).status
@@ -135,11 +170,16 @@ def load(base: str, n: int, c: int) -> dict:
     with ThreadPoolExecutor(c) as pool:
         codes = list(pool.map(one, range(n)))
     dt = time.perf_counter() - t0
+    during = report(f"?since={before['ticks']}")  # the fixed work's ticks while the requests ran
     time.sleep(0.5)  # the last background tasks run after their responses went out
     after = report()
-    per = {f"{k[:-6]}_ms_per_request": round((after[k] - before[k]) * 1000 / n, 4)
-           for k in ("loop_thread_cpu_s", "process_cpu_s")}
+    ticker = after["ticks_cpu_s"] - before["ticks_cpu_s"]  # the fixed work's CPU is not the server's
+    per = {"loop_thread_ms_per_request": round((after["loop_thread_cpu_s"] - before["loop_thread_cpu_s"] - ticker)
+                                               * 1000 / n, 4),
+           "process_ms_per_request": round((after["process_cpu_s"] - before["process_cpu_s"] - ticker) * 1000 / n, 4)}
     keep = {k: after[k] for k in ("switch", "threads", "calls", "load")}
+    keep.update({k: during[k] for k in ("fixed_work_cpu_us", "fixed_work_wall_us")})
+    keep["fixed_work_ticks"] = during["ticks"] - before["ticks"]
     return {**keep, **per, "answered": codes.count(200), "requests_per_s": round(n / dt, 1)}
 
 

@@ -36,9 +36,15 @@ def test_a_short_run_compares_the_patch_on_and_off_and_a_plain_process(tmp_path)
         assert x["on"]["switch"] is True and x["off"]["switch"] is False and x["plain"]["switch"] is False
         for name in ("on", "off", "plain"):
             assert x[name]["answered"] == 40 and x[name]["load"] == 0 and x[name]["loop_thread_ms_per_request"] > 0
+            cpu, wall = x[name]["fixed_work_cpu_us"], x[name]["fixed_work_wall_us"]
+            if x[name]["fixed_work_ticks"]:  # 40 requests may end within one 5 ms tick
+                assert 0 < cpu <= wall * 1.05, x[name]
+            else:
+                assert cpu is None and wall is None, x[name]
         # upstream's code in the actor starts a thread for most background calls; in a plain process on uvloop.run()
         # the same code finds its root task and reuses its threads, as the patch makes the actor do
         assert x["off"]["threads"] > x["on"]["threads"] and x["off"]["threads"] > x["plain"]["threads"], x
         for a, b in (("on", "off"), ("on", "plain"), ("off", "plain")):
             assert x[f"ratio_{a}_{b}"] == round(x[a]["requests_per_s"] / x[b]["requests_per_s"], 3)
     assert "patch on / off" in out.stdout and "on / plain" in out.stdout
+    assert all(f"median_fixed_work_cpu_us_{n}" in r for n in ("on", "off", "plain"))
