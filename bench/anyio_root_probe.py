@@ -79,7 +79,7 @@ async def start_server() -> int:
     ticks: list[tuple[int, int]] = []  # the fixed work's (CPU ns, wall ns) on the loop, one a tick
 
     async def ticker() -> None:
-        """Every TICK_S, FIXED_WORK on the server's loop thread: what the same Python work costs there (vLLM's output
+        """Every TICK_S, fixed_work() on the server's loop thread: what the same Python work costs there (vLLM's output
         handler runs on that loop in the engine's server) while the server answers."""
         while True:
             await asyncio.sleep(TICK_S)
@@ -145,8 +145,11 @@ def actor_class():
     return EngineServer
 
 
-def post(url: str, body: bytes = b"{}") -> bytes:
-    return urllib.request.urlopen(urllib.request.Request(url, body, method="POST"), timeout=30).read()
+def post(url: str, body: bytes = b"{}") -> int:
+    """POST ``body`` to ``url``: the answer's status (the body is read, so the connection is done with)."""
+    with urllib.request.urlopen(urllib.request.Request(url, body, method="POST"), timeout=30) as answer:
+        answer.read()
+        return answer.status
 
 
 def load(base: str, n: int, c: int) -> dict:
@@ -162,13 +165,10 @@ def load(base: str, n: int, c: int) -> dict:
     def report(query: str = "") -> dict:
         return json.loads(urllib.request.urlopen(f"{base}/probe/report{query}", timeout=30).read())
 
-    def one(_: int) -> int:
-        return urllib.request.urlopen(urllib.request.Request(url, b"{}", method="POST"), timeout=30).status
-
     before = report()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(c) as pool:
-        codes = list(pool.map(one, range(n)))
+        codes = list(pool.map(post, [url] * n))
     dt = time.perf_counter() - t0
     during = report(f"?since={before['ticks']}")  # the fixed work's ticks while the requests ran
     time.sleep(0.5)  # the last background tasks run after their responses went out
