@@ -230,11 +230,13 @@ def child_env() -> dict:
 
 def profile_and_say(ph: dict, base: str, model: str, args, out: Path, targets: list[str], label: str, save,
                     like_proxy: bool | str = False, key: str = "profile") -> None:
-    """With --py-spy: the profile window of ``targets`` at the last level, into ``ph[key]``, one line each."""
+    """With --py-spy: the profile window of ``targets`` at the last level, into ``ph[key]``, one line each. Its stacks
+    go next to ``out``, their names led by its stem: two result files in one folder (host_session.sh's engine3b-anyio)
+    keep a serve's stacks each (session AE's second serve wrote over the first's when both were ``serve-``)."""
     if not args.py_spy:
         return
-    prof = ph[key] = profile_targets(base, model, args.levels[-1], args, args.py_spy, out.parent, targets, label,
-                                           like_proxy=like_proxy)
+    prof = ph[key] = profile_targets(base, model, args.levels[-1], args, args.py_spy, out.parent, targets,
+                                     f"{out.stem}-{label}", like_proxy=like_proxy)
     for t, r in prof["targets"].items():
         say(f"profile {t}: {json.dumps(r.get('loop_thread') or r.get('error'))}")
     save()

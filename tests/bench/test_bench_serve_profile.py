@@ -20,6 +20,7 @@ import pytest
 import proc_cpu
 import proxy_overhead as po
 import serve_profile as sp
+import stack_frames
 from helpers import ENGINE_ARGS_SESSIONS_VW
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,6 +265,13 @@ def test_profile_targets_samples_each_named_process_under_load(tmp_path):
         assert loop["cpu_ms_per_response"] > 0
         assert sum(loop["cpu_ms_per_response_by_stage"].values()) == pytest.approx(loop["cpu_ms_per_response"], rel=0.02)
         assert (tmp_path / f"t---name-{tag}-c4.collapsed.gz").exists() and not list(tmp_path.glob("*.raw.txt"))
+        # two result files in one folder, each with a serve labelled alike: each keeps its own stacks
+        args.py_spy, args.levels = [py_spy], [4]
+        for stem in ("anyio0", "anyio"):
+            ph: dict = {}
+            sp.profile_and_say(ph, url, "double", args, tmp_path / f"{stem}.json", [target], "serve", lambda: None)
+            want = tmp_path / f"{stem}-serve---name-{tag}-c4.collapsed.gz"
+            assert want.exists() and stack_frames.collapsed_path(tmp_path, ph["profile"], target, "4") == want
     finally:
         po.stop(double)
 

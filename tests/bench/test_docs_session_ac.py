@@ -147,7 +147,7 @@ def test_the_patch_on_the_cpu():
     assert not calls and len(r["rounds"]) == 3 and r["concurrency"] == 32 and r["requests"] == 2000
     assert [x["order"] for x in r["rounds"]] == [["on", "off"], ["off", "on"], ["on", "off"]]
     assert "--rounds 3 --requests 2000 --concurrency 32" in section()
-    assert "Not yet run on the GPU host: `host_session.sh engine3b-anyio`" in t
+    assert "On the GPU host in session AE (`host_session.sh engine3b-anyio`" in t
 
 
 def test_gpu_results_and_serve_md_say_the_same():

@@ -95,7 +95,7 @@ def test_the_fixed_work_reading_is_the_result():
 def test_it_says_what_it_does_not_measure_and_where_the_gpu_step_is():
     t = text()
     assert "No device was lent in session AD" in t and "TEST DOUBLE app" in t
-    assert "still for `host_session.sh engine3b-anyio` on the GPU host" in t
+    assert "was for `host_session.sh engine3b-anyio` on the GPU host: they do (session AE, above)" in t
     assert "tests/gpu/host_session.sh anyiocpu" in t
 
 
@@ -103,4 +103,4 @@ def test_serve_md_quotes_the_same_figures():
     serve = " ".join((REPO / "docs" / "serve.md").read_text().split())
     loop = {n: statistics.median(values(n, "loop_thread_ms_per_request")) for n in NAMES}
     assert (f"on the CPU the patched actor's server loop spent {loop['on']:.2f} ms a request, the plain process's "
-            f"{loop['plain']:.2f}, upstream's in the actor {loop['off']:.2f}; not yet measured on the GPU host") in serve
+            f"{loop['plain']:.2f}, upstream's in the actor {loop['off']:.2f}; on an H100 under load, session AE,") in serve
