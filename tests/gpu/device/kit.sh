@@ -7,9 +7,11 @@
 #   iproute/                 tests/gpu/ip_kit.sh's `ip` (the cluster step), when this machine has `ip`
 #   py-spy                   the dev group's py-spy (static), for the profile steps (PY_SPY=/tmp/py-spy)
 # The bundle itself: rftstack bundle build --out .wheelhouse --python 3.12 --platform manylinux_2_31_x86_64 \
-#   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size 44
-# (44 MiB: a part and the working tree, about 16 MiB in session W, must stay under the 64 MiB one call carries;
-# .gpu-extra, 25 MiB with py-spy and the jlink runtime, travels in a call of its own, the one that runs go.sh.)
+#   --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size "$(python3 tests/gpu/device/part_size.py)"
+# (a part and the working tree must stay under what one call carries; the tree grows each session, 16 MiB in
+# session W, 19.5 MiB in session AF, where the fixed 44 MiB parts of before were refused: part_size.py computes it,
+# and this script prints the command with it at the end. .gpu-extra, 25 MiB with py-spy and the jlink runtime,
+# travels in a call of its own, the one that runs go.sh.)
 # Rebuild it after any change to rftstack (seconds from uv's cache): the bundle carries the rftstack wheel of the tree
 # it was built from, and install.py applies that wheel's patches; go.sh refuses a bundle whose rftstack package (code,
 # policy) or patches are not the carried tree's (same_tree.py; session O ran an older one before this check).
@@ -30,3 +32,6 @@ fi
 if [ -x "$repo/.venv/bin/py-spy" ]; then cp "$repo/.venv/bin/py-spy" "$out/py-spy"; fi
 if command -v ip >/dev/null; then bash "$repo/tests/gpu/ip_kit.sh" "$out/iproute" >/dev/null; fi
 ls -la "$out"
+echo "the bundle (parts sized for this tree): rftstack bundle build --out .wheelhouse --python 3.12" \
+    "--platform manylinux_2_31_x86_64 --have tests/gpu/host-packages.txt --exclude-optional-gpu" \
+    "--part-size $(python3 "$here/part_size.py" "$repo")"
