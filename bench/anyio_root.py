@@ -4,6 +4,7 @@ how far the patched server in a Ray actor stands from the same server as `vllm s
 
 Usage:
     PYTHONPATH=python python bench/anyio_root.py --out FILE.json [--rounds 3] [--requests 2000] [--concurrency 32]
+                                                 [--no-warm-up]
 
 Trinity's engine API server as its engine actor runs it (bench/anyio_root_probe.py: a real Ray async actor on an own
 loopback Ray head, the installed Trinity's run_server_worker_in_ray, vLLM's serve_http and load_aware_call), in front of
@@ -11,7 +12,8 @@ a TEST DOUBLE app that answers at once (vLLM's engine needs a GPU), so what is m
 response, where the patch acts. Three servers, one after the other: ``on``, the actor with the patch on
 (RFTSTACK_ENGINE_ANYIO_ROOT unset); ``off``, the actor with it off (=0, upstream); ``plain``, the same server in a plain
 process on uvloop.run()'s loop in its main thread, as `vllm serve` runs its own (=0: upstream code). The order rotates
-from round to round; one warm-up run of each first, not counted. Per run: requests/s at the client (closed loop,
+from round to round (round_order); one warm-up run of each first, not counted (--no-warm-up leaves it out, for a
+quick check that the script works). Per run: requests/s at the client (closed loop,
 --concurrency clients over HTTP/1.1, a new connection each), the worker threads anyio started, the CPU a request of
 the server's loop thread and of its process (less the fixed work's), and the median CPU and wall time of a fixed piece
 of pure-Python work the loop runs every 5 ms while the requests run (the probe's ``fixed_work``: does the same work
@@ -61,12 +63,20 @@ def measured(head, name: str, requests: int, c: int) -> dict:
     return r
 
 
+def round_order(i: int) -> list[str]:
+    """The servers' order in round ``i`` (from 0): SERVERS' order turned by ``i``, so each server goes first in turn."""
+    names = list(SERVERS)
+    return names[i % len(names):] + names[:i % len(names)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                    help="leave out the warm-up run of each server (for a quick check, not a measurement)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.requests < 1 or args.concurrency < 1:
         print("anyio_root: --rounds, --requests and --concurrency must be at least 1", file=sys.stderr)
@@ -75,16 +85,16 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
                     "command": " ".join(sys.argv), "requests": args.requests, "concurrency": args.concurrency,
-                    "rounds": []}
+                    "warm_up": args.warm_up, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="anyio-root-") as tmp:
         head = ray_head.start(state_dir=Path(tmp), num_gpus=0, num_cpus=1)
         try:
-            print("anyio_root: one warm-up run of each server (not counted)", flush=True)
-            for name in SERVERS:
-                measured(head, name, max(50, args.requests // 10), args.concurrency)
-            names = list(SERVERS)
+            if args.warm_up:
+                print("anyio_root: one warm-up run of each server (not counted)", flush=True)
+                for name in SERVERS:
+                    measured(head, name, max(50, args.requests // 10), args.concurrency)
             for i in range(args.rounds):
-                order = names[i % len(names):] + names[:i % len(names)]
+                order = round_order(i)
                 rnd: dict = {"order": order}
                 for name in order:
                     rnd[name] = r = measured(head, name, args.requests, args.concurrency)
