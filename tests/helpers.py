@@ -34,6 +34,14 @@ def doc_section(heading: str, doc: Path = REPO / "docs" / "benchmarks.md") -> st
     return m.group(1)
 
 
+def named_runs(section: str) -> list[tuple[str, dict]]:
+    """The result files a docs section lists as ``- `bench/results/....json`: ...`` lines, in its order, each with its
+    JSON: the runs a section's table is computed from (bench/run_spread.py)."""
+    import re
+
+    return [(p, json.loads((REPO / p).read_text())) for p in re.findall(r"^- `([^`]+\.json)`: ", section, flags=re.M)]
+
+
 def numeric_windows(result: Path, c: str) -> list[dict]:
     """bench/serve_profile.py's windows of numeric-fields requests in one result file at level ``c``: the serve's
     engine reached directly first (where the file has a serve), then each bare variant's, in the run's order."""

@@ -12,6 +12,7 @@ import pytest
 
 import run_spread
 from helpers import REPO
+from helpers import named_runs as listed_runs
 
 DOC = REPO / "docs" / "benchmarks.md"
 HEADING = "### One run against the next"
@@ -24,9 +25,9 @@ def section() -> str:
 
 
 def named_runs() -> list[tuple[str, dict]]:
-    paths = re.findall(r"^- `([^`]+\.json)`: ", section(), flags=re.M)
-    assert len(paths) >= 2, paths
-    return [(p, json.loads((REPO / p).read_text())) for p in paths]
+    runs = listed_runs(section())
+    assert len(runs) >= 2, [p for p, _ in runs]
+    return runs
 
 
 def test_published_table_is_computed_from_the_named_runs():

@@ -32,6 +32,7 @@ fi
 if [ -x "$repo/.venv/bin/py-spy" ]; then cp "$repo/.venv/bin/py-spy" "$out/py-spy"; fi
 if command -v ip >/dev/null; then bash "$repo/tests/gpu/ip_kit.sh" "$out/iproute" >/dev/null; fi
 ls -la "$out"
+# part_size.py's own sentence (a tree too large, not a checkout) ends this script with its exit status
+size=$(python3 "$here/part_size.py" "$repo") || exit $?
 echo "the bundle (parts sized for this tree): rftstack bundle build --out .wheelhouse --python 3.12" \
-    "--platform manylinux_2_31_x86_64 --have tests/gpu/host-packages.txt --exclude-optional-gpu" \
-    "--part-size $(python3 "$here/part_size.py" "$repo")"
+    "--platform manylinux_2_31_x86_64 --have tests/gpu/host-packages.txt --exclude-optional-gpu --part-size $size"

@@ -7,7 +7,7 @@ that limit less the tree less a margin. The tree grows with every session's resu
 larger than 64 MiB" although the two made 63.5 MiB, and 38 MiB parts went through. So the limit is taken here as
 64 million bytes (61.0 MiB), the reading that agrees with both.
 
-    python3 tests/gpu/device/part_size.py [REPO]          # prints the part size, e.g. 40
+    python3 tests/gpu/device/part_size.py [REPO]          # prints the part size in MiB, e.g. 39
     python3 tests/gpu/device/part_size.py --explain REPO  # one line: tree size, limit, margin, part size
 
 Exit 1 with one sentence when the tree alone leaves no room for a useful part (under 8 MiB).
