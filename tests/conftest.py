@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import FAKE_TRINITY, ServeRun, rftstack_env, write_report_config
+
+
+def pytest_configure(config):
+    """The processes the tests start get SIGINT's default, however the run was started. A shell leaves SIGINT and
+    SIGQUIT ignored in what it starts in the background (`cmd &`, as a CI runner or `setsid ... &` may), and an ignored
+    signal stays ignored across exec: every child would then ignore the SIGINT that the code under test stops it with,
+    and each stop would wait out its grace period (20 s and more) before the next signal. A handler is reset to the
+    default across exec, so this process's own (Python's KeyboardInterrupt) gives the children theirs."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")
