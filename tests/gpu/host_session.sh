@@ -64,6 +64,7 @@
 #              (bare, trinity; trinity, bare: labels qwen3b-abba1, qwen3b-abba2): two samples of each Summary figure
 #              from one machine, and how far one run's ratio moves from the next (sessions P and Q read 0.84 / 0.92
 #              and 0.92 / 0.85 at c=32 / c=64, bare's c=64 level 10384 against 12048 tok/s)
+#              ABBA_ORDERS="3:bare,trinity" (N:PHASES words, label qwen3b-abbaN) runs other orders, e.g. a third
 #   profile3b  bench/serve_profile.py on the 3B shape: rftstack serve, closed loops of 32 and 64 clients through the
 #              proxy and straight to its engine, /proc CPU of every process and thread per window, py-spy on the
 #              Explorer actor (PY_SPY, default py-spy on PATH), then bare vLLM's windows
@@ -204,6 +205,8 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(rl rel tiny qwen3b ready default)
 
 note() { echo "$(date -u +%FT%TZ) $*" | tee -a "$LOGS/steps.txt"; }
+# what the steps' processes inherit: SIGINT (mask 0x2) and SIGQUIT (0x4) must not be ignored (go.sh's detach.py)
+note "signals ignored: $(grep SigIgn /proc/self/status)"
 
 # the 3B-shaped model is written on the GPU in under a minute; do it beside the first step
 (python3 bench/model_3b.py /tmp/bench/qwen3b > "$LOGS/model_3b.log" 2>&1; python3 -m rftstack tiny-model /tmp/bench/tiny >> "$LOGS/model_3b.log" 2>&1) &
@@ -261,7 +264,7 @@ for step in "${steps[@]}"; do
                  --concurrency 32,64 --budget-s 600 \
               && python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-delay.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 1024 --upstream-delay-s 0.27 ;;
-        proxy3b-abba) for order in 1:bare,trinity 2:trinity,bare; do
+        proxy3b-abba) for order in ${ABBA_ORDERS:-1:bare,trinity 2:trinity,bare}; do
                    bench --model /tmp/bench/qwen3b --label "qwen3b-abba${order%%:*}" --phases "${order#*:}" \
                      --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
                      --budget-s 660 || break

@@ -22,5 +22,7 @@ if ! python3 tests/gpu/device/same_tree.py /tmp/repo; then
 fi
 mkdir -p /tmp/gs
 export JAVA=/tmp/jre/jre17/bin/java AGENT_CLASSES=/tmp/agent-classes
-(setsid bash tests/gpu/host_session.sh "$@" </dev/null >/tmp/gs.out 2>&1 &)
+# detach.py: its own session, and SIGINT/SIGQUIT back at their defaults (a `&` job of this shell ignores both, and
+# the session's servers and tests would inherit that: each stop with SIGINT would wait out its grace period)
+(python3 tests/gpu/device/detach.py bash tests/gpu/host_session.sh "$@" </dev/null >/tmp/gs.out 2>&1 &)
 sleep 5; cat /tmp/gs/steps.txt 2>/dev/null
