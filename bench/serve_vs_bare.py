@@ -33,8 +33,11 @@ Phases (each hard time-bounded, processes always stopped, results written after 
            its worker instead of spawning a fresh interpreter), side by side with `trinity-mp` in one run
   trinity-build
            the same with RFTSTACK_PROXY_BUILD_PROCESSES=auto (patches/trinity-proxy-build-processes.patch: the
-           experiences built and serialized in builder processes, one for every 4 CPUs, at most 4), side by
-           side with `trinity` (the default, 0: built on the proxy's event loop, as upstream) in one run
+           experiences built and serialized in builder processes, one for every 4 CPUs, at most 4), spelled
+           out: the default since session AH (until then 0, so `trinity` side by side with it was upstream's)
+  trinity-nobuild
+           the same with RFTSTACK_PROXY_BUILD_PROCESSES=0: the experiences built on the proxy's event loop, as
+           upstream (the `trinity` phase's before session AH), side by side with `trinity` in one run
   trinity-record
            the same with RFTSTACK_PROXY_RECORD_PROCESSES=auto (the same patch's recording processes: the
            experiences built, serialized and committed by them, one for every 4 CPUs, at most 4)
@@ -93,7 +96,7 @@ EXECUTOR_VAR = "RFTSTACK_ENGINE_EXECUTOR"  # patches/trinity-engine-uni-executor
 WARM_VAR = "RFTSTACK_WARM_WORKERS"  # rftstack serve's default count of warm Ray workers (0: none)
 NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # patches/trinity-proxy-numeric-logprobs.patch: 1 (default) or 0
 FORK_VAR = "RFTSTACK_VLLM_FORK_WORKERS"  # patches/vllm-fork-workers.patch: 1 (default) or 0
-BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # patches/trinity-proxy-build-processes.patch: 0 (default), auto or N
+BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # patches/trinity-proxy-build-processes.patch: 0, auto (default) or N
 RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"  # the same patch's recording processes: 0 (default), auto or N
 from rftstack.doctor.netstat import free_port
 
@@ -107,7 +110,8 @@ SWITCHED = {
     "trinity-nonumeric": {NUMERIC_VAR: "0"},
     "trinity-mp-fork": {EXECUTOR_VAR: "mp", FORK_VAR: "1"},  # the defaults since session N, spelled out
     "trinity-uni": {EXECUTOR_VAR: "uni"},  # vLLM's uni executor (the default until session N)
-    "trinity-build": {BUILD_VAR: "auto"},
+    "trinity-build": {BUILD_VAR: "auto"},  # the default since session AH, spelled out
+    "trinity-nobuild": {BUILD_VAR: "0"},  # the experiences built on the proxy's loop, as upstream
     "trinity-record": {RECORD_VAR: "auto"},
     "trinity-record1": {RECORD_VAR: "1"},
     "trinity-cold": {WARM_VAR: "0"},
@@ -322,7 +326,8 @@ class Bench:
                 "rounds": args.rounds, "spread": args.spread, "spread_levels": args.spread_levels,
                 "bare_extra_args": args.bare_extra_args, "ready_only": args.ready_only, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
                 "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES",
-                                                       GROUP_COMMIT_VAR, FAST_FORWARD_VAR, GC_VAR)},
+                                                       GROUP_COMMIT_VAR, FAST_FORWARD_VAR, GC_VAR, BUILD_VAR,
+                                                       RECORD_VAR)},
             },
             "command": " ".join([sys.executable, *sys.argv]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

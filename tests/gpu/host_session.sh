@@ -47,9 +47,10 @@
 #   proxy3b-long  bare, trinity (today's defaults) and trinity-uni with levels four times longer (--rounds 32: 1024
 #              and 2048 requests, 10-20 s each), for reading the 0.95 goal through the run-to-run noise of 3-5 s levels
 #              (session L); with ready-3b-exec, the Summary's two runs (bench/summary_table.py)
-#   proxy3b-build  bare, trinity (today's defaults: the experiences built on the proxy's loop) and trinity-build
-#              (RFTSTACK_PROXY_BUILD_PROCESSES=auto: 4 experience builder processes on the host's 16 CPUs), long levels as
-#              in proxy3b-long; then trinity-build and bare again in the other order (labels qwen3b-build1, qwen3b-build2)
+#   proxy3b-build  bare, trinity-build (RFTSTACK_PROXY_BUILD_PROCESSES=auto: 4 experience builder processes on the
+#              host's 16 CPUs, the default since session AH) and trinity-nobuild (0: the experiences built on the proxy's
+#              loop; session AH ran `trinity`, the default then), long levels as in proxy3b-long; then trinity-build
+#              and bare again in the other order (labels qwen3b-build1, qwen3b-build2)
 #   proxy3b-record  the same with trinity-record (RFTSTACK_PROXY_RECORD_PROCESSES=auto: 4 recording processes that build,
 #              serialize and commit the experiences) in place of trinity-build (labels qwen3b-record1, qwen3b-record2)
 #   proxy3b-long-fork  the same with trinity-mp-fork (the mp executor whose EngineCore forks its worker,
@@ -269,7 +270,7 @@ for step in "${steps[@]}"; do
                      --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
                      --budget-s 660 || break
                  done ;;
-        proxy3b-build) for order in 1:bare,trinity-build,trinity 2:trinity-build,bare; do
+        proxy3b-build) for order in 1:bare,trinity-build,trinity-nobuild 2:trinity-build,bare; do
                    bench --model /tmp/bench/qwen3b --label "qwen3b-build${order%%:*}" --phases "${order#*:}" \
                      --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
                      --budget-s 900 || break

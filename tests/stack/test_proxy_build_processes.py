@@ -51,8 +51,15 @@ def test_switch_values():
     from trinity.explorer.proxy import recorder
 
     assert recorder.BUILD_PROCESSES_VAR == VAR, "the installed Trinity lacks the build-processes patch: run `rftstack relax`"
-    assert recorder.build_processes({}, cpus=16) == 0  # the default: upstream's building in the proxy's loop
-    assert [recorder.build_processes({VAR: "auto"}, cpus=n) for n in (1, 2, 3, 4, 8, 15, 16, 64)] == [0, 0, 0, 1, 2, 3, 4, 4]
+    cpus = (1, 2, 3, 4, 8, 15, 16, 64)
+    assert [recorder.build_processes({VAR: "auto"}, cpus=n) for n in cpus] == [0, 0, 0, 1, 2, 3, 4, 4]
+    # the default (since session AH): auto; none below 4 CPUs, so the proxy builds as upstream there
+    assert [recorder.build_processes({}, cpus=n) for n in cpus] == [0, 0, 0, 1, 2, 3, 4, 4]
+    # unset while recording processes are asked for: none (they build), and no refusal
+    assert recorder.build_processes({RECORD_VAR: "2"}, cpus=16) == 0
+    assert recorder.build_processes({RECORD_VAR: "0"}, cpus=16) == 4
+    assert recorder.record_processes({RECORD_VAR: "2"}, cpus=16) == 2
+    assert recorder.record_processes({RECORD_VAR: "auto"}, cpus=16) == 4
     assert recorder.build_processes({VAR: "0"}, cpus=16) == 0
     assert recorder.build_processes({VAR: " 3 "}, cpus=2) == 3
     for bad in ("yes", "-1", "1.5", "33", ""):
@@ -179,7 +186,8 @@ def test_its_building_is_the_services_own():
 
 
 @pytest.mark.parametrize("env, sentence", [
-    ({VAR: "many"}, f"{VAR} must be 0 (the experiences built in the proxy's loop, as upstream Trinity, the default), auto"),
+    ({VAR: "many"}, f"{VAR} must be 0 (the experiences built in the proxy's loop, as upstream Trinity), auto (one builder "
+                    f"process for every 4 CPUs, at most 4) or a number of builder processes up to 32 (unset: auto), not 'many'"),
     ({RECORD_VAR: "2", VAR: "2"}, f"{VAR} and {RECORD_VAR} are both set; recording processes build the experiences too: set one of them"),
 ], ids=["bad-value", "both-set"])
 def test_a_bad_value_stops_the_proxy_with_one_sentence(double, tmp_path, env, sentence):
