@@ -140,9 +140,14 @@ def test_the_user_story_and_the_java_agent_ran_with_the_builders():
     assert "12 of 12" in t and "56 of 56" in t
 
 
-def test_serve_md_and_gpu_results_say_the_default():
+def test_serve_md_gpu_results_and_the_summary_say_the_default():
     serve = " ".join((REPO / "docs" / "serve.md").read_text().split())
     assert "unset or `auto`, the default since session AH" in serve
     assert "the default until the GPU host" not in serve
     gpu = " ".join((REPO / "docs" / "gpu-results.md").read_text().split())
     assert "## Session AH (2026-12-06" in gpu
+    summary = " ".join(doc_section("## Summary").split())
+    ratios = pairs()
+    assert (f"ahead of the proxy's own building in all {len(ratios)} pairs of two long runs, by "
+            f"{100 * (min(ratios) - 1):.1f} to {100 * (max(ratios) - 1):.1f} %") in summary
+    assert "They are the default since. Not an H200 run: the table below stays session P's." in summary
