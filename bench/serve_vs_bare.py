@@ -325,6 +325,7 @@ class Bench:
                 "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
                 "rounds": args.rounds, "spread": args.spread, "spread_levels": args.spread_levels,
                 "bare_extra_args": args.bare_extra_args, "ready_only": args.ready_only, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
+                "warmup_level": args.warmup_level,
                 "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES",
                                                        GROUP_COMMIT_VAR, FAST_FORWARD_VAR, GC_VAR, BUILD_VAR,
                                                        RECORD_VAR)},
@@ -410,6 +411,16 @@ class Bench:
             request_timeout_s=min(120.0, per_level), progress=self.say, spread=spread,
         ))
 
+    def warm_up(self, base_url: str, label: str, model: str | None) -> dict:
+        """``--warmup-level C:N``: N requests at concurrency C before the measured levels, summarised apart
+        from them (no ratio reads it): whether the first measured level pays for what is still cold."""
+        c, n = parse_warmup_level(self.args.warmup_level)
+        return asyncio.run(loadgen.run(
+            base_url, levels=[c], requests=n, max_tokens=self.args.max_tokens, model=model, label=f"{label}-warmup",
+            warmup=4, level_timeout_s=self.args.level_timeout, request_timeout_s=min(120.0, self.args.level_timeout),
+            progress=self.say,
+        ))
+
     @property
     def levels(self) -> list[int]:
         return loadgen.parse_levels(self.args.concurrency)
@@ -430,6 +441,8 @@ class Bench:
         r["ready"] = wait_ready(base, p, time.monotonic() + min(self.args.ready_timeout, self.remaining() - 30))
         r["startup_markers"] = markers(p.lines)
         if r["ready"]["ready"] and not self.args.ready_only:
+            if self.args.warmup_level:
+                r["warmup_level"] = self.warm_up(base, "bare", r["ready"]["model"])
             r["load"] = self.load(base, "bare", like_proxy=False, model=r["ready"]["model"])
             if not self.args.no_like_proxy:
                 r["load_like_proxy"] = self.load(base, "bare-like-proxy", like_proxy=True, model=r["ready"]["model"])
@@ -481,6 +494,8 @@ class Bench:
             r.update(extra_ready)
         if r["ready"]["ready"] and name in LOADED and not self.args.ready_only:
             base = r["ready"]["base_url"]
+            if self.args.warmup_level:
+                r["warmup_level"] = self.warm_up(base, f"{name}-proxy", r["ready"]["model"])
             r["load"] = self.load(base, f"{name}-proxy", like_proxy=False, model=r["ready"]["model"])
             if self.args.spread:
                 r["load_spread"] = self.load(base, f"{name}-proxy-spread", like_proxy=False, model=r["ready"]["model"],
@@ -660,7 +675,17 @@ def _ratios(bare_load: dict | None, others) -> dict:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_warmup_level(text: str) -> tuple[int, int]:
+    """``C:N`` (both positive) as (C, N); empty: (0, 0), no warm-up level."""
+    if not text.strip():
+        return 0, 0
+    c, sep, n = text.strip().partition(":")
+    if not (sep and c.isdigit() and n.isdigit() and int(c) > 0 and int(n) > 0):
+        raise ValueError(f"--warmup-level {text!r} must be CONCURRENCY:REQUESTS, two positive numbers (e.g. 32:512)")
+    return int(c), int(n)
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="model directory (bench/model_3b.py or rftstack tiny-model)")
     ap.add_argument("--label", required=True, help="name of this run (file names), e.g. tiny or qwen3b")
@@ -683,11 +708,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-cmd", default="{python} -m rftstack serve -c {config} --run-dir {run_dir}",
                     help="how to start the runner ({python}, {config}, {run_dir} are filled in)")
     ap.add_argument("--db-url", default=None, help="explorer.db_url for the proxy's recorder (default: Trinity's sqlite file)")
+    ap.add_argument("--warmup-level", default="", metavar="C:N",
+                    help="N unmeasured requests at concurrency C before each phase's measured levels (e.g. 32:512)")
     ap.add_argument("--no-like-proxy", action="store_true", help="skip the like-proxy / engine-direct load runs")
     ap.add_argument("--ready-only", action="store_true", help="time to ready only, no load (e.g. a warm-cache rerun)")
     ap.add_argument("--no-ray-stop", action="store_true",
                     help="do not run `ray stop --force` after the Trinity phases (it stops every Ray on the machine)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     bad = [p for p in args.phases.split(",") if p.strip() and p.strip() not in PHASES]
     if bad:
         print(f"serve_vs_bare: unknown phase {bad[0]!r}; choose from {', '.join(PHASES)}", file=sys.stderr)
@@ -701,6 +732,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.spread < 1 or args.rounds < 1:
         print(f"serve_vs_bare: --spread {args.spread} must be at least 0 and below 1 (e.g. 0.75), and --rounds "
               f"{args.rounds} at least 1", file=sys.stderr)
+        return 2
+    try:
+        parse_warmup_level(args.warmup_level)
+    except ValueError as exc:
+        print(f"serve_vs_bare: {exc}", file=sys.stderr)
         return 2
     global RAY_STOP
     RAY_STOP = not args.no_ray_stop

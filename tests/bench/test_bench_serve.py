@@ -185,6 +185,45 @@ def test_bad_phase_and_missing_model_are_one_sentence(tmp_path):
     assert r.returncode == 2 and "--spread 1.0 must be at least 0 and below 1" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_warmup_level_is_parsed_or_refused_in_one_sentence(tmp_path):
+    import subprocess
+
+    assert svb.parse_warmup_level("") == (0, 0) and svb.parse_warmup_level(" 32:512 ") == (32, 512)
+    (tmp_path / "config.json").write_text("{}")
+    for bad in ("32", "0:10", "32:x", "32:-1"):
+        r = subprocess.run([sys.executable, str(REPO / "bench/serve_vs_bare.py"), "--model", str(tmp_path), "--label", "x",
+                            "--out", str(tmp_path / "o"), f"--warmup-level={bad}"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip() == (f"serve_vs_bare: --warmup-level {bad!r} must be CONCURRENCY:REQUESTS, two positive "
+                                    f"numbers (e.g. 32:512)")
+    assert not (tmp_path / "o").exists()  # refused before anything starts
+
+
+def test_warmup_level_runs_apart_from_the_measured_levels(tmp_path):
+    """Bench.warm_up against a TEST DOUBLE of vLLM's OpenAI server (no GPU here): N requests at concurrency C,
+    summarised as a load of its own, which the ratios never read."""
+    from doubles.vllm_stream_double import VLLMStreamDouble
+
+    (tmp_path / "config.json").write_text("{}")
+    args = svb.parser().parse_args(["--model", str(tmp_path), "--label", "w", "--out", str(tmp_path / "o"),
+                                    "--warmup-level", "8:40", "--max-tokens", "4"])
+    bench = svb.Bench(args)
+    assert bench.result["settings"]["warmup_level"] == "8:40"
+    with VLLMStreamDouble() as double:
+        warm = bench.warm_up(double.base_url, "bare", None)
+        assert len(double.bodies) == 40 + 4  # the level's requests and loadgen's 4 unmeasured ones before it
+    [level] = warm["levels"]
+    assert (level["concurrency"], level["requests"], level["ok"]) == (8, 40, 40)
+    assert warm["label"] == "bare-warmup"
+    lv = {"concurrency": 32, "output_tokens_per_s": 1000.0}
+    ready = {"ready": True, "first_answer_s": 100.0}
+    phases = {"bare": {"ready": ready, "warmup_level": {"levels": [{**lv, "output_tokens_per_s": 1.0}]},
+                       "load": {"levels": [lv]}},
+              "trinity": {"ready": ready, "warmup_level": {"levels": [{**lv, "output_tokens_per_s": 9.0}]},
+                          "load": {"levels": [{**lv, "output_tokens_per_s": 900.0}]}}}
+    assert svb.summary({"label": "w", "phases": phases})["throughput_ratio"]["32"]["proxy_vs_bare"] == 0.9
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="on a GPU machine this would really serve")
 def test_dry_run_without_gpu_records_the_failed_start_and_merges_calls(tmp_path, tiny_model):

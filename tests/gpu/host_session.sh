@@ -51,6 +51,10 @@
 #              host's 16 CPUs, the default since session AH) and trinity-nobuild (0: the experiences built on the proxy's
 #              loop; session AH ran `trinity`, the default then), long levels as in proxy3b-long; then trinity-build
 #              and bare again in the other order (labels qwen3b-build1, qwen3b-build2)
+#   proxy3b-warmup  bare, trinity (the defaults: builders on) and trinity-nobuild, long levels as in proxy3b-long, each
+#              after an unmeasured level of 512 requests at c=32 (serve_vs_bare --warmup-level 32:512): whether the
+#              builders' higher p99 at c=32 (session AH, the first level after ready) is their first answers
+#              (orders: WARMUP_ORDERS, default 1:bare,trinity,trinity-nobuild; labels qwen3b-warmup1, ...)
 #   proxy3b-record  the same with trinity-record (RFTSTACK_PROXY_RECORD_PROCESSES=auto: 4 recording processes that build,
 #              serialize and commit the experiences) in place of trinity-build (labels qwen3b-record1, qwen3b-record2)
 #   proxy3b-long-fork  the same with trinity-mp-fork (the mp executor whose EngineCore forks its worker,
@@ -274,6 +278,11 @@ for step in "${steps[@]}"; do
                    bench --model /tmp/bench/qwen3b --label "qwen3b-build${order%%:*}" --phases "${order#*:}" \
                      --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
                      --budget-s 900 || break
+                 done ;;
+        proxy3b-warmup) for order in ${WARMUP_ORDERS:-1:bare,trinity,trinity-nobuild}; do
+                   bench --model /tmp/bench/qwen3b --label "qwen3b-warmup${order%%:*}" --phases "${order#*:}" \
+                     --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
+                     --warmup-level 32:512 --budget-s 900 || break
                  done ;;
         proxy3b-record) for order in 1:bare,trinity-record,trinity 2:trinity-record,bare; do
                    bench --model /tmp/bench/qwen3b --label "qwen3b-record${order%%:*}" --phases "${order#*:}" \

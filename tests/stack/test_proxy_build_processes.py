@@ -74,6 +74,20 @@ def test_switch_values():
         recorder.record_processes({RECORD_VAR: "2", VAR: "auto"}, cpus=16)
 
 
+def test_the_log_names_the_setting():
+    """What the proxy's log line `Experience builders: N processes (...)` says of the variable (docs/serve.md):
+    its value as set, or `unset:` and the default the counts above were taken from."""
+    from trinity.explorer.proxy import recorder
+
+    assert recorder.setting(VAR, {}) == f"{VAR} unset: auto"
+    assert recorder.setting(VAR, {VAR: " 3 "}) == f"{VAR}=3"
+    assert recorder.setting(RECORD_VAR, {}) == f"{RECORD_VAR} unset: 0"
+    assert recorder.setting(RECORD_VAR, {RECORD_VAR: "auto"}) == f"{RECORD_VAR}=auto"
+    # the defaults the log names are the ones the counts use
+    assert recorder.build_processes({}, cpus=16) == recorder.build_processes({VAR: recorder.DEFAULTS[VAR]}, cpus=16)
+    assert recorder.record_processes({}, cpus=16) == recorder.record_processes({RECORD_VAR: recorder.DEFAULTS[RECORD_VAR]}, cpus=16)
+
+
 ANSWER = {"id": "chatcmpl-unit", "prompt_token_ids": [5, 6, 7],
           "choices": [{"token_ids": [8, 9], "rftstack_logprobs": [-0.5, -0.25]},
                       {"token_ids": [10], "logprobs": {"content": [{"logprob": -1.5}]}},
