@@ -7,7 +7,7 @@ end=$(( $(date +%s) + ${1:-240} ))
 while :; do
     if [ -n "${OUT:-}" ]; then
         # one archive: $OUT brings back at most 8 files (session M lost a result JSON to that count)
-        (cd /tmp && tar czf "$OUT/gs.tgz.part" --ignore-failed-read gs/*.txt gs/*.log gs/*.json gs/bench/*.json gs/bench/*.collapsed.gz \
+        (cd /tmp && tar czf "$OUT/gs.tgz.part" --ignore-failed-read gs/*.txt gs/*.log gs/*.json gs/results/*.json gs/bench/*.json gs/bench/*.collapsed.gz \
             gs/bench/*.log install.log patches.log 2>/dev/null; mv -f "$OUT/gs.tgz.part" "$OUT/gs.tgz")
     fi
     grep -q "all done" /tmp/gs/steps.txt 2>/dev/null && break
