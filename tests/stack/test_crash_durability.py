@@ -7,6 +7,9 @@ vLLM 0.23.0 TEST DOUBLE (tests/doubles/vllm_stream_double.py), and the Explorer 
 a TEST DOUBLE writing each committed experience to a JSON-lines file. After the SIGKILL the SQLite
 file is read directly (sqlite3 + Trinity's own `Experience.deserialize`).
 
+Each test on the full patch set runs with the experiences built on the proxy's loop and with 2 builder
+processes (patches/trinity-proxy-build-processes.patch; fixture `builders`).
+
 What "recorded" means here: the client got the response (HTTP 200, or a stream through [DONE])
 or the /feedback or /commit answer. A request cut off by the kill may or may not have a row.
 """
@@ -25,6 +28,19 @@ import pytest
 from proxy_helpers import Proxy, assert_intact, post, stored
 
 N = 12
+BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # patches/trinity-proxy-build-processes.patch
+
+
+@pytest.fixture(params=["0", "2"], ids=["loop", "builders"])
+def builders(request, monkeypatch, tmp_path):
+    """The tests on the policy's full patch set run twice: with the experiences built on the proxy's loop (0:
+    upstream's building, the default below 4 CPUs, so CI's) and with 2 builder processes (the default `auto` of
+    an 8-CPU host; 4 on the GPU host's 16). Each proxy's log must say which it had."""
+    monkeypatch.setenv(BUILD_VAR, request.param)
+    yield int(request.param)
+    logs = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("proxy*.log"))
+    said = f"Experience builders: 2 processes ({BUILD_VAR}=2, rftstack patch)"
+    assert (said in logs) == (request.param == "2"), f"the proxies' logs under {tmp_path} do not match {BUILD_VAR}={request.param}"
 
 
 def kill9(px: Proxy) -> None:
@@ -133,7 +149,7 @@ def feedback(px: Proxy, rid: str, reward: float) -> None:
     assert post(px.base + "/feedback", {"reward": reward, "msg_ids": [rid], "task_id": "crash", "run_id": 0})["status"] == "success"
 
 
-def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_site, tmp_path, next_proxy):
+def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_site, tmp_path, next_proxy, builders):
     """A new proxy process on the same proxy_history.db and experience buffer (what a restarted
     `rftstack serve` with the same checkpoint root gets) after a kill -9 mid-burst: every response
     the client received, before or after the restart, has exactly one row; the msg ids are unique
@@ -183,7 +199,7 @@ def test_restart_after_kill9_mid_burst_continues_the_same_store(double, policy_s
 
 @pytest.mark.parametrize("marks", [True, False], ids=["patched", "unpatched"])
 def test_rewards_stranded_by_a_crash_are_delivered_once_after_restart(double, policy_site, site_without_marks, tmp_path, marks,
-                                                                      next_proxy):  # fmt: skip
+                                                                      next_proxy, builders):  # fmt: skip
     """4 responses rewarded and committed, 4 more rewarded, then kill -9 before any /commit. The
     next process on the same store queues the 4 stranded ones at start and its /commit delivers
     them, once; a third process delivers nothing again. Without the commit-marks patch (Trinity
@@ -253,7 +269,8 @@ def consumed(db: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize(("point", "pending"), [("after-write", True), ("before-write", True), ("after-write", False)],
                          ids=["after-write", "before-write", "after-write-pending-off"])  # fmt: skip
-def test_kill_during_commit_delivers_each_experience_once_after_restart(double, policy_site, tmp_path, point, pending, next_proxy):
+def test_kill_during_commit_delivers_each_experience_once_after_restart(double, policy_site, tmp_path, point, pending, next_proxy,
+                                                                         builders):  # fmt: skip
     """6 responses rewarded, then /commit, and the proxy's process SIGKILLs itself inside it right
     before or right after the experience buffer's write (an SQLite buffer written by Trinity's
     SQLExperienceStorage, the storage of a serve's experience buffer). A new process on the same
