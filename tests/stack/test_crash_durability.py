@@ -308,3 +308,12 @@ def test_kill_during_commit_delivers_each_experience_once_after_restart(double, 
         return
     assert sorted(delivered) == sorted(ids)  # each experience once, wherever the kill fell
     assert consumed(px2.db) == {rid: 2 for rid in ids}  # committed: no later process delivers them
+
+
+def test_every_crash_test_on_the_full_patch_set_runs_with_builders_too():
+    """docs/serve.md: the crash tests on the policy's whole patch set run with and without builders."""
+    import inspect
+
+    full = {n: f for n, f in globals().items() if n.startswith("test_") and "policy_site" in inspect.signature(f).parameters}
+    assert len(full) == 3, sorted(full)
+    assert [n for n, f in full.items() if "builders" not in inspect.signature(f).parameters] == []
