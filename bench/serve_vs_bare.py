@@ -411,11 +411,14 @@ class Bench:
             request_timeout_s=min(120.0, per_level), progress=self.say, spread=spread,
         ))
 
-    def warm_up(self, base_url: str, label: str, model: str | None) -> dict:
-        """``--warmup-level C:N``: N requests at concurrency C before the measured levels, summarised apart
-        from them (no ratio reads it): whether the first measured level pays for what is still cold."""
+    def warm_up(self, r: dict, base_url: str, label: str, model: str | None) -> None:
+        """``--warmup-level C:N``: N requests at concurrency C before the measured levels, kept in
+        ``r["warmup_level"]`` apart from them (no ratio reads it): whether the first measured level pays for
+        what is still cold. Without the option, nothing."""
         c, n = parse_warmup_level(self.args.warmup_level)
-        return asyncio.run(loadgen.run(
+        if not c:
+            return
+        r["warmup_level"] = asyncio.run(loadgen.run(
             base_url, levels=[c], requests=n, max_tokens=self.args.max_tokens, model=model, label=f"{label}-warmup",
             warmup=4, level_timeout_s=self.args.level_timeout, request_timeout_s=min(120.0, self.args.level_timeout),
             progress=self.say,
@@ -441,8 +444,7 @@ class Bench:
         r["ready"] = wait_ready(base, p, time.monotonic() + min(self.args.ready_timeout, self.remaining() - 30))
         r["startup_markers"] = markers(p.lines)
         if r["ready"]["ready"] and not self.args.ready_only:
-            if self.args.warmup_level:
-                r["warmup_level"] = self.warm_up(base, "bare", r["ready"]["model"])
+            self.warm_up(r, base, "bare", r["ready"]["model"])
             r["load"] = self.load(base, "bare", like_proxy=False, model=r["ready"]["model"])
             if not self.args.no_like_proxy:
                 r["load_like_proxy"] = self.load(base, "bare-like-proxy", like_proxy=True, model=r["ready"]["model"])
@@ -494,8 +496,7 @@ class Bench:
             r.update(extra_ready)
         if r["ready"]["ready"] and name in LOADED and not self.args.ready_only:
             base = r["ready"]["base_url"]
-            if self.args.warmup_level:
-                r["warmup_level"] = self.warm_up(base, f"{name}-proxy", r["ready"]["model"])
+            self.warm_up(r, base, f"{name}-proxy", r["ready"]["model"])
             r["load"] = self.load(base, f"{name}-proxy", like_proxy=False, model=r["ready"]["model"])
             if self.args.spread:
                 r["load_spread"] = self.load(base, f"{name}-proxy-spread", like_proxy=False, model=r["ready"]["model"],

@@ -210,8 +210,14 @@ def test_warmup_level_runs_apart_from_the_measured_levels(tmp_path):
     bench = svb.Bench(args)
     assert bench.result["settings"]["warmup_level"] == "8:40"
     with VLLMStreamDouble() as double:
-        warm = bench.warm_up(double.base_url, "bare", None)
+        r: dict = {}
+        bench.warm_up(r, double.base_url, "bare", None)
         assert len(double.bodies) == 40 + 4  # the level's requests and loadgen's 4 unmeasured ones before it
+        none = svb.Bench(svb.parser().parse_args(["--model", str(tmp_path), "--label", "n", "--out", str(tmp_path / "n")]))
+        untouched: dict = {}
+        none.warm_up(untouched, double.base_url, "bare", None)
+        assert untouched == {} and len(double.bodies) == 44  # without --warmup-level: no request, no key
+    warm = r["warmup_level"]
     [level] = warm["levels"]
     assert (level["concurrency"], level["requests"], level["ok"]) == (8, 40, 40)
     assert warm["label"] == "bare-warmup"

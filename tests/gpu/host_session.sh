@@ -244,6 +244,7 @@ for step in "${steps[@]}"; do
         train-3b) wait; RFTSTACK_TRAIN_MODEL=/tmp/bench/qwen3b pytest_gpu train-3b test_train_loop_gpu.py ;;
         rel) pytest_gpu rel test_reliability_gpu.py ;;
         kill) pytest_gpu kill test_reliability_gpu.py -k worker_sigkill ;;
+        bad) pytest_gpu bad test_reliability_gpu.py -k bad_requests ;;
         faults) pytest_gpu faults test_faults_gpu.py ;;
         tiny) bench --model /tmp/bench/tiny --label tiny --phases bare,trinity --budget-s 900 ;;
         qwen3b) bench --model /tmp/bench/qwen3b --label qwen3b --phases bare,trinity --budget-s 900 ;;
