@@ -21,7 +21,8 @@ httpx = pytest.importorskip("httpx")
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 
-from proxy_helpers import Service, load_app
+from helpers import REPO  # noqa: E402
+from proxy_helpers import Service, load_app  # noqa: E402
 
 MAX_LEN = 2048
 
@@ -35,8 +36,10 @@ def upstream_double() -> FastAPI:
         if body.get("model") != "m":
             return JSONResponse(status_code=404, content={"error": {"message": f"The model `{body.get('model')}` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}})
         if body.get("max_tokens", 16) > MAX_LEN:
-            # vLLM 0.23's renderers/params.py, as the H200 run returned it through Trinity's proxy
-            msg = f"max_tokens={body['max_tokens']} cannot be greater than max_model_len=max_total_tokens={MAX_LEN}. Please request fewer output tokens."
+            # vLLM 0.23's renderers/params.py, as the GPU host returned it through the patched proxy (session AJ,
+            # docs/gpu-logs/2026-12-06aj/bad-1.log)
+            msg = (f"max_tokens={body['max_tokens']} cannot be greater than max_model_len=max_total_tokens={MAX_LEN}. "
+                   f"Please request fewer output tokens. (parameter=max_tokens, value={body['max_tokens']})")
             return JSONResponse(status_code=400, content={"error": {"message": msg, "type": "BadRequestError", "param": "max_tokens", "code": 400}})
         return {"id": "chatcmpl-1", "object": "chat.completion", "model": "m", "prompt_token_ids": [1, 2, 3],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "token_ids": [4, 5],
@@ -88,11 +91,14 @@ def answers(tmp_path_factory):
 
 
 def test_chat_bad_requests_are_4xx_with_a_sentence(answers):
+    """docs/reliability.md's table, chat rows: the patched proxy's answers, word for word where the table quotes them."""
     got, service, db = answers[True]
     # trinity-proxy-request-hygiene.patch: one error in OpenAI's shape (it was FastAPI's {"detail": "Invalid JSON: ..."})
     assert got[0][0] == 400 and json.loads(got[0][1])["error"]["message"].startswith("the request body is not valid JSON (Expecting property name enclosed in double quotes")
     assert got[1] == (404, json.dumps({"error": {"message": "The model `nope` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}}, separators=(",", ":")))
-    assert got[2][0] == 400 and json.loads(got[2][1])["error"]["message"].endswith("cannot be greater than max_model_len=max_total_tokens=2048. Please request fewer output tokens.")
+    assert got[2][0] == 400 and json.loads(got[2][1])["error"]["message"] == (
+        "max_tokens=1000000000 cannot be greater than max_model_len=max_total_tokens=2048. Please request fewer output tokens. "
+        "(parameter=max_tokens, value=1000000000)")  # vLLM's words, passed through unchanged
     assert got[3][0] == 200
     # only the good request was recorded: failed ones leave no experience behind
     import sqlite3
@@ -117,3 +123,17 @@ def test_feedback_patched_answers_400_and_404(answers):
     assert fb[5] == (200, {"status": "success", "updated": 1})
     assert fb[6] == (404, nomatch)
     assert service.ready_experience_count == 1  # nothing recorded twice, nothing lost
+
+
+def test_the_reliability_table_quotes_these_answers(answers):
+    """docs/reliability.md's chat rows say what the patched proxy answers: the texts this file's exchange got."""
+    got, _, _ = answers[True]
+    table = (REPO / "docs" / "reliability.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| chat: huge max_tokens |"))
+    assert f"400 `{json.loads(got[2][1])['error']['message']}`" in row
+    row = next(line for line in table.splitlines() if line.startswith("| chat: invalid JSON |"))
+    message = json.loads(got[0][1])["error"]["message"]
+    head, _, tail = message.partition("(Expecting property name enclosed in double quotes")
+    after = tail[tail.index("); ") + 1:]  # the error's own text ends with "(char 1))"
+    assert f"`{head}(Expecting property name enclosed in double quotes: ...){after}`" in row
+    # the row's "original" (FastAPI's {"detail": "Invalid JSON: ..."}): test_proxy_request_hygiene.py, as published
