@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import summary_table
 from helpers import REPO
 from helpers import doc_section
 
@@ -33,8 +34,8 @@ def warmup_run() -> dict:
 
 
 def level(run: dict, phase: str, key: str, c: int) -> dict:
-    [lv] = [lv for lv in run["phases"][phase][key]["levels"] if lv["concurrency"] == c]
-    assert lv["ok"] == lv["requests"] and not lv["errors"]  # every request answered
+    lv = summary_table._level(summary_table._phase(run, phase, run["label"]), key, c, run["label"])
+    assert lv["ok"] == lv["requests"]  # every request answered (_level refuses a level with errors)
     return lv
 
 

@@ -91,7 +91,6 @@ def answers(tmp_path_factory):
 
 
 def test_chat_bad_requests_are_4xx_with_a_sentence(answers):
-    """docs/reliability.md's table, chat rows: the patched proxy's answers, word for word where the table quotes them."""
     got, service, db = answers[True]
     # trinity-proxy-request-hygiene.patch: one error in OpenAI's shape (it was FastAPI's {"detail": "Invalid JSON: ..."})
     assert got[0][0] == 400 and json.loads(got[0][1])["error"]["message"].startswith("the request body is not valid JSON (Expecting property name enclosed in double quotes")
@@ -128,10 +127,9 @@ def test_feedback_patched_answers_400_and_404(answers):
 def test_the_reliability_table_quotes_these_answers(answers):
     """docs/reliability.md's chat rows say what the patched proxy answers: the texts this file's exchange got."""
     got, _, _ = answers[True]
-    table = (REPO / "docs" / "reliability.md").read_text()
-    row = next(line for line in table.splitlines() if line.startswith("| chat: huge max_tokens |"))
-    assert f"400 `{json.loads(got[2][1])['error']['message']}`" in row
-    row = next(line for line in table.splitlines() if line.startswith("| chat: invalid JSON |"))
+    rows = {line.split(" | ")[0]: line for line in (REPO / "docs" / "reliability.md").read_text().splitlines()}
+    assert f"400 `{json.loads(got[2][1])['error']['message']}`" in rows["| chat: huge max_tokens"]
+    row = rows["| chat: invalid JSON"]
     message = json.loads(got[0][1])["error"]["message"]
     head, _, tail = message.partition("(Expecting property name enclosed in double quotes")
     after = tail[tail.index("); ") + 1:]  # the error's own text ends with "(char 1))"
