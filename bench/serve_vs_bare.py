@@ -38,6 +38,10 @@ Phases (each hard time-bounded, processes always stopped, results written after 
   trinity-nobuild
            the same with RFTSTACK_PROXY_BUILD_PROCESSES=0: the experiences built on the proxy's event loop, as
            upstream (the `trinity` phase's before session AH), side by side with `trinity` in one run
+  trinity-late
+           the same with RFTSTACK_PROXY_BUILDERS_EARLY=0: the builder processes start when the proxy's app
+           starts, after the models (without patches/trinity-proxy-builders-early.patch, which starts them
+           with the Explorer), side by side with `trinity` in one run
   trinity-record
            the same with RFTSTACK_PROXY_RECORD_PROCESSES=auto (the same patch's recording processes: the
            experiences built, serialized and committed by them, one for every 4 CPUs, at most 4)
@@ -98,6 +102,7 @@ NUMERIC_VAR = "RFTSTACK_PROXY_NUMERIC_LOGPROBS"  # patches/trinity-proxy-numeric
 FORK_VAR = "RFTSTACK_VLLM_FORK_WORKERS"  # patches/vllm-fork-workers.patch: 1 (default) or 0
 BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"  # patches/trinity-proxy-build-processes.patch: 0, auto (default) or N
 RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"  # the same patch's recording processes: 0 (default), auto or N
+EARLY_VAR = "RFTSTACK_PROXY_BUILDERS_EARLY"  # patches/trinity-proxy-builders-early.patch: 1 (default) or 0
 from rftstack.doctor.netstat import free_port
 
 # the phases that run `trinity` with variables set (a patch switched off, or another executor):
@@ -112,6 +117,7 @@ SWITCHED = {
     "trinity-uni": {EXECUTOR_VAR: "uni"},  # vLLM's uni executor (the default until session N)
     "trinity-build": {BUILD_VAR: "auto"},  # the default since session AH, spelled out
     "trinity-nobuild": {BUILD_VAR: "0"},  # the experiences built on the proxy's loop, as upstream
+    "trinity-late": {EARLY_VAR: "0"},  # the builders started with the proxy's app, after the models
     "trinity-record": {RECORD_VAR: "auto"},
     "trinity-record1": {RECORD_VAR: "1"},
     "trinity-cold": {WARM_VAR: "0"},

@@ -328,6 +328,7 @@ def test_find_openai_servers_skips_ports_that_do_not_speak_http():
     ("trinity-mp-fork", "mp_fork", 64, (1000.0, 800.0, 900.0), (900.0, 950.0), (0.8, 0.9, 0.95), ("FORK_VAR", "RFTSTACK_VLLM_FORK_WORKERS")),
     ("trinity-uni", "uni", 32, (1000.0, 900.0, 850.0), (900.0, 800.0), (0.9, 0.85, 0.8), ("EXECUTOR_VAR", "RFTSTACK_ENGINE_EXECUTOR")),
     ("trinity-nobuild", "nobuild", 32, (1000.0, 880.0, 850.0), (900.0, 800.0), (0.88, 0.85, 0.8), ("BUILD_VAR", "RFTSTACK_PROXY_BUILD_PROCESSES")),
+    ("trinity-late", "late", 32, (1000.0, 880.0, 870.0), (900.0, 850.0), (0.88, 0.87, 0.85), ("EARLY_VAR", "RFTSTACK_PROXY_BUILDERS_EARLY")),
 ])
 def test_summary_adds_a_switched_off_phase_next_to_the_proxy(phase, key, c, tps, spread, ratios, var):
     """The phases that run the proxy with one patch switched off get their own ratios beside the proxy's."""

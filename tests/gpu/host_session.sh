@@ -158,6 +158,8 @@
 #   ready      time to ready only, warm caches: bare, rftstack serve, ray start + trinity run
 #   ready-3b   the same on the Qwen2.5-3B-shaped model, plus rftstack serve without warm Ray workers
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
+#   ready-3b-late  bare, trinity (the builders started with the Explorer, patches/trinity-proxy-builders-early.patch)
+#              and trinity-late (RFTSTACK_PROXY_BUILDERS_EARLY=0: with the proxy's app): time to ready only, warm caches
 #   ready-3b-mp  bare, trinity and trinity-mp: time to ready only, warm caches, after a 3B step (session K's step,
 #              then trinity on uni; ready-3b-exec holds the same phases and trinity-uni)
 #   ready-3b-exec  bare, trinity (today's defaults), trinity-uni and trinity-mp (spawned): time to ready only, warm
@@ -382,6 +384,7 @@ for step in "${steps[@]}"; do
                  --ready-only --budget-s 900 ;;
         ready-3b-exec) bench --model /tmp/bench/qwen3b --label qwen3b-warm-exec --phases bare,trinity,trinity-uni,trinity-mp \
                  --ready-only --budget-s 900 ;;
+        ready-3b-late) bench --model /tmp/bench/qwen3b --label qwen3b-warm-late --phases bare,trinity,trinity-late --ready-only --budget-s 900 ;;
         ready-3b-mp) bench --model /tmp/bench/qwen3b --label qwen3b-warm-mp --phases bare,trinity,trinity-mp --ready-only --budget-s 900 ;;
         default) pytest_gpu default test_serve_gpu.py ;;
         java) pytest_gpu java test_java_agent_gpu.py ;;

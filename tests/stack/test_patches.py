@@ -160,6 +160,8 @@ def test_standalone_script_on_a_bare_python(site, tmp_path):
         "trinity-proxy-build-processes.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-proxy-build-processes.patch: trinity/explorer/proxy/recorder.py: applied",
         "trinity-proxy-build-processes.patch: trinity/explorer/proxy/app.py: applied",
+        "trinity-proxy-builders-early.patch: trinity/explorer/explorer.py: applied",
+        "trinity-proxy-builders-early.patch: trinity/explorer/proxy/service.py: applied",
         "trinity-engine-log-stats.patch: trinity/common/models/vllm_model.py: applied",
         "trinity-engine-anyio-root.patch: trinity/common/models/vllm_patch/api_patch_v17.py: applied",
     ]
