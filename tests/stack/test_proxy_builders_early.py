@@ -99,6 +99,8 @@ class ExplorerWithModelDoubles(Explorer):
         return None if pool is None else [[b.process.pid, b.ready] for b in pool.builders]
     def children(self):
         return builder_children(os.getpid())
+    def pid(self):
+        return os.getpid()
 
 ray.init(address="local", num_cpus=4, include_dashboard=False)  # a head of its own
 def scenario(sc):
@@ -125,7 +127,7 @@ def scenario(sc):
         assert time.monotonic() < end, "the proxy's app did not start with ready builders in 300 s"
         time.sleep(0.2)
     out = {"error": None, "notes": ray.get(actor.notes.remote()), "held": held,
-           "children": ray.get(actor.children.remote())}
+           "children": ray.get(actor.children.remote()), "pid": ray.get(actor.pid.remote())}
     ray.kill(actor)
     return out
 
@@ -181,6 +183,22 @@ def test_switched_off_the_builders_start_with_the_proxys_app(runs):
     assert off["notes"]["pids_while_models_start"] == [] and off["notes"]["children_while_models_start"] == []
     assert off["notes"]["ready_while_models_start"] is False
     assert len(off["held"]) == 2 and sorted(pid for pid, _ in off["held"]) == off["children"]
+
+
+def explorer_log(runs, name: str) -> list[str]:
+    """The log lines of the scenario's Explorer actor, in order (RAY_DEDUP_LOGS=0: each line reaches the child)."""
+    return [ln for ln in runs[1].splitlines() if f"ExplorerWithModelDoubles pid={runs[0][name]['pid']})" in ln]
+
+
+@pytest.mark.parametrize("name, before", [("early", True), ("with_the_app", False)])
+def test_the_explorers_log_names_the_builders_before_the_models_are_ready_or_after(runs, name, before):
+    """docs/serve.md: early, the Explorer's log names the builders before `All models are ready.`; switched off,
+    after it (the proxy's app starts them)."""
+    log = explorer_log(runs, name)
+    named = [i for i, ln in enumerate(log) if "Experience builders: 2 processes (RFTSTACK_PROXY_BUILD_PROCESSES=2" in ln]
+    models = [i for i, ln in enumerate(log) if "All models are ready." in ln]
+    assert len(named) == 1 and len(models) == 1, log[-20:]  # one pool: the service took the Explorer's over
+    assert (named[0] < models[0]) is before
 
 
 def test_a_bad_switch_value_stops_the_explorer_with_one_sentence(runs):
