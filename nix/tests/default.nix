@@ -84,7 +84,7 @@ in
           "trinity-proxy-commit-marks.patch" "trinity-proxy-request-hygiene.patch" "trinity-proxy-fast-forward.patch"
           "trinity-sql-read-requeue.patch" "trinity-proxy-api-key.patch" "trinity-proxy-gc.patch"
           "trinity-launcher-head-env.patch" "trinity-engine-uni-executor.patch" "trinity-coordinator-early.patch"
-          "trinity-proxy-numeric-logprobs.patch" "trinity-proxy-build-processes.patch"
+          "trinity-proxy-numeric-logprobs.patch" "trinity-proxy-build-processes.patch" "trinity-proxy-builders-early.patch"
           "trinity-engine-log-stats.patch" "trinity-engine-anyio-root.patch" ];
       };
       uvicorn = { version = "0.54.0"; files = [ "uvicorn-httptools-ignore-upgrade.patch" ]; };
