@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from helpers import write_report_config
+from rftstack.doctor.netstat import free_ports
 
 VAR = "RFTSTACK_PROXY_BUILDERS_EARLY"
 BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"
@@ -139,17 +139,12 @@ print("PROBE " + json.dumps(results))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model) -> tuple[dict, str]:
     cfg = write_report_config(tmp_path_factory.mktemp("builders-early") / "serve.yaml", tiny_model)
-    scenarios = {"early": {"early": "1", "port": free_port()}, "with_the_app": {"early": "0", "port": free_port()},
-                 "bad_value": {"early": "soon", "port": free_port()}}  # fmt: skip
+    early, late, bad = free_ports(3)  # distinct: the scenarios run side by side
+    scenarios = {"early": {"early": "1", "port": early}, "with_the_app": {"early": "0", "port": late},
+                 "bad_value": {"early": "soon", "port": bad}}  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", VAR, BUILD_VAR)}
     env["RAY_DEDUP_LOGS"] = "0"  # every actor's log line reaches the child's output
     env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # under `uv run`, Ray would ship the worktree and re-sync a venv of its own
