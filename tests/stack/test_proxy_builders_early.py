@@ -32,6 +32,7 @@ from rftstack.doctor.netstat import free_ports
 
 VAR = "RFTSTACK_PROXY_BUILDERS_EARLY"
 BUILD_VAR = "RFTSTACK_PROXY_BUILD_PROCESSES"
+RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"
 
 # Child: one Ray head, then for each scenario (argv[2], JSON) a real Explorer actor with the TEST DOUBLE
 # allocator, its prepare() and serve(), and a report: the double's notes, the builder processes the service
@@ -106,7 +107,7 @@ ray.init(address="local", num_cpus=4, include_dashboard=False)  # a head of its 
 def scenario(sc):
     cfg = load_config(sys.argv[1]); cfg.check_and_update()
     cfg.explorer.listen_address, cfg.explorer.proxy_port = "127.0.0.1", sc["port"]
-    env = {"RFTSTACK_PROXY_BUILDERS_EARLY": sc["early"], "RFTSTACK_PROXY_BUILD_PROCESSES": "2"}
+    env = {"RFTSTACK_PROXY_BUILDERS_EARLY": sc["early"], **sc["processes"]}
     actor = ray.remote(ExplorerWithModelDoubles).options(runtime_env={"env_vars": env}).remote(cfg)
     try:
         ray.get(actor.__ray_ready__.remote())
@@ -142,10 +143,13 @@ print("PROBE " + json.dumps(results))
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model) -> tuple[dict, str]:
     cfg = write_report_config(tmp_path_factory.mktemp("builders-early") / "serve.yaml", tiny_model)
-    early, late, bad = free_ports(3)  # distinct: the scenarios run side by side
-    scenarios = {"early": {"early": "1", "port": early}, "with_the_app": {"early": "0", "port": late},
-                 "bad_value": {"early": "soon", "port": bad}}  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", VAR, BUILD_VAR)}
+    early, late, recording, bad = free_ports(4)  # distinct: the scenarios run side by side
+    builders, recorders = {BUILD_VAR: "2"}, {RECORD_VAR: "2"}
+    scenarios = {"early": {"early": "1", "processes": builders, "port": early},
+                 "with_the_app": {"early": "0", "processes": builders, "port": late},
+                 "recording": {"early": "1", "processes": recorders, "port": recording},
+                 "bad_value": {"early": "soon", "processes": builders, "port": bad}}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", VAR, BUILD_VAR, RECORD_VAR)}
     env["RAY_DEDUP_LOGS"] = "0"  # every actor's log line reaches the child's output
     env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # under `uv run`, Ray would ship the worktree and re-sync a venv of its own
     out = subprocess.run([sys.executable, "-c", PROBE, str(cfg), json.dumps(scenarios)], capture_output=True, text=True,
@@ -178,6 +182,18 @@ def test_switched_off_the_builders_start_with_the_proxys_app(runs):
     assert off["notes"]["pids_while_models_start"] == [] and off["notes"]["children_while_models_start"] == []
     assert off["notes"]["ready_while_models_start"] is False
     assert len(off["held"]) == 2 and sorted(pid for pid, _ in off["held"]) == off["children"]
+
+
+def test_recording_processes_start_with_the_proxys_app_even_when_early(runs):
+    """docs/serve.md: recording processes need the service's table, so they start with the app either way."""
+    rec = runs[0]["recording"]
+    assert rec["error"] is None
+    assert rec["notes"]["pids_while_models_start"] == [] and rec["notes"]["children_while_models_start"] == []
+    assert len(rec["held"]) == 2 and sorted(pid for pid, _ in rec["held"]) == rec["children"]
+    log = explorer_log(runs, "recording")
+    named = [i for i, ln in enumerate(log) if f"Experience recorders: 2 processes ({RECORD_VAR}=2" in ln]
+    models = [i for i, ln in enumerate(log) if "All models are ready." in ln]
+    assert len(named) == 1 and len(models) == 1 and named[0] > models[0], log[-20:]
 
 
 def explorer_log(runs, name: str) -> list[str]:
