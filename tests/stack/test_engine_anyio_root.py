@@ -23,7 +23,7 @@ from rftstack.stack import patches
 from rftstack.stack import policy
 
 REL = "trinity/common/models/vllm_patch/api_patch_v17.py"
-REQUESTS = 48
+REQUESTS = 96  # at 48 upstream once started 26 threads to the plain server's 9 on CI (2.9x); at 96 55-59 to 8-9 here
 
 
 def probe(head, switch: str, plain: bool = False) -> dict:
