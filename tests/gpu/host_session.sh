@@ -403,5 +403,7 @@ for step in "${steps[@]}"; do
     # the runs' own directories (logs, status, configs) for the record; not the models or caches
     tar czf "$LOGS/$step-runs.tgz" --exclude='*.safetensors' --exclude='cache' --exclude='*.db' \
         /tmp/pt-$step "$LOGS/bench/work" 2>/dev/null
+    # the serve logs' start-up lines docs/ cites, in a file that watch.sh brings back (the archive above stays here)
+    bash tests/gpu/device/serve_lines.sh "$LOGS" "$step" "$t0"
 done
 note "all done"

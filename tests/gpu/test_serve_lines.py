@@ -1,0 +1,70 @@
+"""tests/gpu/device/serve_lines.sh, run here (no GPU needed): after each step host_session.sh writes the serve logs'
+lines that name the proxy's builders or recorders and `All models are ready.` to LOGS/STEP-serve-lines.txt, a file
+tests/gpu/device/watch.sh brings back. Session AL could not show in which order its builders and its models became
+ready: the run directories stay on the host. The logs here are files in tmp_path laid out as on the host."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "gpu" / "device" / "serve_lines.sh"
+
+BUILDERS = ("(Explorer pid=8995) INFO 12-06 18:47:31 [recorder.py:644] Experience builders: 4 processes "
+            "(RFTSTACK_PROXY_BUILD_PROCESSES unset: auto, rftstack patch), pids 9910 9911 9912 9913")
+READY = "(Explorer pid=8995) INFO 12-06 18:47:35 [explorer.py:160] All models are ready."
+BUILDER_READY = "(Explorer pid=8995) INFO 12-06 18:47:34 [recorder.py:230] Experience builder 9910 ready"
+RECORDERS = "(Explorer pid=7) INFO 12-06 18:47:31 [recorder.py:644] Experience recorders: 2 processes"
+OTHER = "(Explorer pid=8995) INFO 12-06 18:47:36 [service.py:80] Starting the proxy"
+
+
+def write(path: Path, *lines: str, mtime: float | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(ln + "\n" for ln in lines))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def run(logs: Path, step: str, t0: int, pt_root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PT_ROOT": str(pt_root)}
+    return subprocess.run(["bash", str(SCRIPT), str(logs), step, str(t0)], capture_output=True, text=True,
+                          timeout=60, env=env)  # fmt: skip
+
+
+def test_the_steps_serve_lines_in_order_with_their_files(tmp_path):
+    logs, pt = tmp_path / "gs", tmp_path / "pt"
+    t0 = int(time.time()) - 5
+    bench = write(logs / "bench" / "work" / "qwen3b-abba1" / "trinity-run" / "logs" / "trinity.log",
+                  BUILDERS, BUILDER_READY, OTHER, READY)  # fmt: skip
+    pytest_log = write(pt / "pt-rl" / "rl0" / "run" / "logs" / "trinity.log", RECORDERS, READY)
+    old = write(logs / "bench" / "work" / "earlier" / "trinity-run" / "logs" / "trinity.log", BUILDERS,
+                mtime=t0 - 3600)  # an earlier step's serve: not this step's
+    other_step = write(pt / "pt-java" / "java0" / "run" / "logs" / "trinity.log", READY)
+    out = run(logs, "rl", t0, pt)
+    assert out.returncode == 0, out.stderr
+    lines = (logs / "rl-serve-lines.txt").read_text().splitlines()
+    assert f"{bench}:{BUILDERS}" in lines and f"{bench}:{BUILDER_READY}" in lines and f"{bench}:{READY}" in lines
+    assert f"{pytest_log}:{RECORDERS}" in lines and f"{pytest_log}:{READY}" in lines
+    assert not any(OTHER in ln or str(old) in ln or str(other_step) in ln for ln in lines), lines
+    mine = [ln for ln in lines if ln.startswith(f"{bench}:")]  # one file's lines keep their order
+    assert mine == [f"{bench}:{ln}" for ln in (BUILDERS, BUILDER_READY, READY)]
+
+
+def test_a_step_without_serve_logs_leaves_an_empty_file_and_succeeds(tmp_path):
+    logs = tmp_path / "gs"
+    logs.mkdir()
+    out = run(logs, "bad", int(time.time()), tmp_path / "pt")
+    assert out.returncode == 0 and (logs / "bad-serve-lines.txt").read_text() == ""
+
+
+def test_host_session_writes_them_after_each_step_and_watch_brings_them_back():
+    session = (ROOT / "tests" / "gpu" / "host_session.sh").read_text()
+    loop = session[session.index('for step in "${steps[@]}"; do'):session.index('note "all done"')]
+    assert 'bash tests/gpu/device/serve_lines.sh "$LOGS" "$step" "$t0"' in loop.split("esac")[-1]
+    watch = (ROOT / "tests" / "gpu" / "device" / "watch.sh").read_text()
+    assert re.search(r"tar czf \"\$OUT/gs\.tgz\.part\"[^\n]* gs/\*\.txt ", watch)
