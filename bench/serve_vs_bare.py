@@ -249,7 +249,9 @@ def wait_ready(base_url: str | None, proc: Proc, deadline: float, find_url=None)
 
 
 def compile_cache_state() -> dict:
-    """How much vLLM's torch.compile cache holds (warm or cold start?)."""
+    """How much vLLM's torch.compile cache holds (warm or cold start?): a phase records it before it starts its
+    server (``compile_cache_before``) and once the server is ready (``compile_cache_at_ready``); files added between
+    the two mean the server compiled the model, so its time to ready is not a warm one (session AL's first serves)."""
     root = Path(os.environ.get("VLLM_CACHE_ROOT", Path.home() / ".cache" / "vllm")) / "torch_compile_cache"
     n = size = 0
     if root.is_dir():
@@ -448,6 +450,7 @@ class Bench:
         r: dict = {"argv": argv, "compile_cache_before": compile_cache_state()}
         p = self.spawn("bare", argv)
         r["ready"] = wait_ready(base, p, time.monotonic() + min(self.args.ready_timeout, self.remaining() - 30))
+        r["compile_cache_at_ready"] = compile_cache_state()
         r["startup_markers"] = markers(p.lines)
         if r["ready"]["ready"] and not self.args.ready_only:
             self.warm_up(r, base, "bare", r["ready"]["model"])
@@ -497,6 +500,7 @@ class Bench:
             return f"http://127.0.0.1:{proxy_port}"
 
         r["ready"] = wait_ready(None, p, time.monotonic() + min(self.args.ready_timeout, self.remaining() - 45), find_url)
+        r["compile_cache_at_ready"] = compile_cache_state()
         r["startup_markers"] = markers(p.lines)
         if extra_ready:
             r.update(extra_ready)
@@ -593,8 +597,7 @@ class Bench:
                     if p.alive():
                         p.stop(grace_s=10)
                 self.procs.clear()
-            ready = self.result["phases"][ph].get("ready", {})
-            self.say(f"{ph}: done; ready={ready.get('ready')} first answer {ready.get('first_answer_s')} s")
+            self.say(done_line(ph, self.result["phases"][ph]))
             self.save()
         self.result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.result["summary"] = summary(self.result)
@@ -624,6 +627,22 @@ def _level(load: dict | None, c: int) -> dict | None:
     return None
 
 
+def done_line(name: str, phase: dict) -> str:
+    """The line printed when phase ``name`` ended: ready or not, its first answer, and whether it compiled the model."""
+    ready, compiled = phase.get("ready", {}), compiled_before_ready(phase)
+    return (f"{name}: done; ready={ready.get('ready')} first answer {ready.get('first_answer_s')} s"
+            + (f"; compiled the model ({compiled} new files in vLLM's compile cache): not a warm start" if compiled else ""))
+
+
+def compiled_before_ready(phase: dict) -> int | None:
+    """The files vLLM's compile cache gained while ``phase``'s server started (0: a warm start; None: the phase
+    predates the measurement or never became ready)."""
+    before, at_ready = phase.get("compile_cache_before"), phase.get("compile_cache_at_ready")
+    if not before or not at_ready or not (phase.get("ready") or {}).get("ready"):
+        return None
+    return max(0, at_ready["files"] - before["files"])
+
+
 def summary(result: dict) -> dict:
     """Ratios the issue asks for: proxy/bare throughput per level (whole-wall and, where loadgen
     measured it, steady-state: :func:`_ratios`), time-to-ready ratios."""
@@ -634,6 +653,9 @@ def summary(result: dict) -> dict:
         r = p.get("ready", {})
         if r.get("ready"):
             out["ready_s"][name] = r.get("first_answer_incl_ray_start_s", r["first_answer_s"])
+    compiled = {name: n for name, p in ph.items() if (n := compiled_before_ready(p))}
+    if compiled:  # their times to ready include compiling the model: not warm ones
+        out["compiled_before_ready"] = compiled
     if "bare" in out["ready_s"]:
         for name in ("trinity", *SWITCHED, "manual"):
             if name in out["ready_s"]:

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+import serve_vs_bare  # bench/: the one reader of a phase's compile-cache records
+
 HEADING = "## Summary"
 TABLE_HEAD = "| figure | value |"
 
@@ -63,6 +65,12 @@ def figures(load: dict, ready: dict, load_name: str, ready_name: str) -> list[tu
     ready_s = {name: (_phase(ready, name, ready_name).get("ready") or {}).get("models_s") for name in ("bare", "trinity")}
     if not all(ready_s.values()):
         raise MissingFigure(f"{ready_name}: a phase never became ready ({ready_s}); rerun it")
+    for name in ("bare", "trinity"):
+        if compiled := serve_vs_bare.compiled_before_ready(_phase(ready, name, ready_name)):
+            raise MissingFigure(
+                f"{ready_name}: its {name} phase compiled the model before it was ready ({compiled} new files in "
+                f"vLLM's compile cache), so its time to ready is not a warm one; rerun the --ready-only run after "
+                f"a run that started the model in both servers")
     return [
         ("proxy/bare c=64 equal", f"{_throughput(load, 'load', 64, load_name):.2f}", load_name),
         ("proxy/bare c=64 spread", f"{_throughput(load, 'load_spread', 64, load_name):.2f}", load_name),

@@ -407,3 +407,32 @@ def test_a_switched_phase_sets_its_variables():
     assert seen["trinity-mp"]["RFTSTACK_VLLM_FORK_WORKERS"] == "0" and seen["trinity-mp"]["RFTSTACK_ENGINE_EXECUTOR"] == "mp"
     assert seen["trinity-uni"].get("RFTSTACK_VLLM_FORK_WORKERS") == os.environ.get("RFTSTACK_VLLM_FORK_WORKERS")
     assert seen["trinity-uni"]["PYTHONUNBUFFERED"] == "1"  # over Bench.env(), not in place of it
+
+
+def test_a_phase_that_compiled_the_model_before_ready_is_named_not_warm(tmp_path, monkeypatch):
+    """Session AL's `ready-3b-late` ran first on its machine: bare and trinity compiled the model (vLLM's compile cache
+    grew during their start), so their times to ready were not warm ones. Each phase records the cache before its
+    server starts and once it is ready; the summary names the phases whose start added files."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    cache = tmp_path / "torch_compile_cache" / "abc"
+    before = svb.compile_cache_state()
+    assert before == {"path": str(tmp_path / "torch_compile_cache"), "files": 0, "bytes": 0}
+    cache.mkdir(parents=True)
+    for i in range(3):
+        (cache / f"graph{i}.py").write_text("x" * 10)
+    at_ready = svb.compile_cache_state()
+    assert (at_ready["files"], at_ready["bytes"]) == (3, 30)
+    ready = {"ready": True, "first_answer_s": 60.0}
+    phases = {"bare": {"ready": ready, "compile_cache_before": before, "compile_cache_at_ready": at_ready},
+              "trinity": {"ready": {**ready, "first_answer_s": 74.0}, "compile_cache_before": at_ready,
+                          "compile_cache_at_ready": svb.compile_cache_state()},
+              "trinity-late": {"ready": ready, "compile_cache_before": before},  # recorded before the measurement
+              "trinity-mp": {"ready": {"ready": False}, "compile_cache_before": before, "compile_cache_at_ready": at_ready}}
+    assert [svb.compiled_before_ready(p) for p in phases.values()] == [3, 0, None, None]
+    s = svb.summary({"label": "x", "phases": phases})
+    assert s["compiled_before_ready"] == {"bare": 3}
+    assert svb.done_line("bare", phases["bare"]) == ("bare: done; ready=True first answer 60.0 s; compiled the model "
+                                                     "(3 new files in vLLM's compile cache): not a warm start")
+    assert svb.done_line("trinity", phases["trinity"]) == "trinity: done; ready=True first answer 74.0 s"
+    del phases["bare"]
+    assert "compiled_before_ready" not in svb.summary({"label": "x", "phases": phases})

@@ -84,3 +84,22 @@ def test_a_run_with_the_machines_steal_says_the_most_of_it():
     text = summary_table.table(summary_table.figures(load, ready, load_path, ready_path), load, ready)
     assert f"`{load['command']}`; steal, the most in a level: bare 0.31 cores, trinity 0.40 cores\n" in text
     assert text.rstrip().endswith(f"`{ready['command']}`")
+
+
+def test_a_ready_run_whose_phase_compiled_the_model_is_refused_in_one_sentence(tmp_path, capsys):
+    """The Summary's ready figure is a warm one: a --ready-only run whose bare or trinity phase compiled the model
+    before it was ready (serve_vs_bare.py's compile-cache records) is refused, not published."""
+    load_path, ready_path = re.findall(r"^- `([^`]+\.json)`", section(), flags=re.M)
+    ready = json.loads((REPO / ready_path).read_text())
+    trinity = ready["phases"]["trinity"]
+    trinity["compile_cache_at_ready"] = {**trinity["compile_cache_before"], "files": trinity["compile_cache_before"]["files"] + 193}
+    cold = tmp_path / "ready.json"
+    cold.write_text(json.dumps(ready))
+    assert summary_table.main(["--load", str(REPO / load_path), "--ready", str(cold)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and (
+        "its trinity phase compiled the model before it was ready (193 new files in vLLM's compile cache), so its time "
+        "to ready is not a warm one; rerun the --ready-only run after a run that started the model in both servers") in err
+    trinity["compile_cache_at_ready"] = trinity["compile_cache_before"]  # the same files: a warm start, accepted
+    rows = summary_table.figures(json.loads((REPO / load_path).read_text()), ready, "x", "y")
+    assert rows[-1][0] == "ready/bare warm"
