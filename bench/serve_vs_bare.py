@@ -333,7 +333,7 @@ class Bench:
                 "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
                 "rounds": args.rounds, "spread": args.spread, "spread_levels": args.spread_levels,
                 "bare_extra_args": args.bare_extra_args, "ready_only": args.ready_only, "serve_cmd": args.serve_cmd, "db_url": args.db_url,
-                "warmup_level": args.warmup_level,
+                "warmup_level": args.warmup_level, "engine_direct_spread": args.engine_direct_spread,
                 "env": {k: os.environ.get(k) for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_CACHE_ROOT", "CUDA_VISIBLE_DEVICES",
                                                        GROUP_COMMIT_VAR, FAST_FORWARD_VAR, GC_VAR, BUILD_VAR,
                                                        RECORD_VAR)},
@@ -518,6 +518,10 @@ class Bench:
                 if engines and name == "trinity" and not self.args.no_like_proxy:
                     r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=True,
                                                         model=r["ready"]["model"])
+                if engines and name == "trinity" and self.args.spread and self.args.engine_direct_spread:
+                    # the proxy's request sent straight to its engine, spread lengths: in the engine or in the proxy?
+                    r["load_engine_direct_spread"] = self.load(engines[0], "trinity-engine-direct-spread", like_proxy=True,
+                                                               model=r["ready"]["model"], spread=self.args.spread)
             except Exception as exc:
                 r["engine_direct_error"] = f"{type(exc).__name__}: {exc}"[:300]
             try:
@@ -666,7 +670,7 @@ def summary(result: dict) -> dict:
         ("proxy", tri.get("load")), *((key, p.get("load")) for key, p in switched)))
     if bare.get("load_spread"):
         out["throughput_ratio_spread"] = _ratios(bare.get("load_spread"), (
-            ("proxy", tri.get("load_spread")), *((key, p.get("load_spread")) for key, p in switched)))
+            ("engine_direct", tri.get("load_engine_direct_spread")), ("proxy", tri.get("load_spread")), *((key, p.get("load_spread")) for key, p in switched)))
     return out
 
 
@@ -739,6 +743,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--db-url", default=None, help="explorer.db_url for the proxy's recorder (default: Trinity's sqlite file)")
     ap.add_argument("--warmup-level", default="", metavar="C:N",
                     help="N unmeasured requests at concurrency C before each phase's measured levels (e.g. 32:512)")
+    ap.add_argument("--engine-direct-spread", action="store_true",
+                    help="with --spread: also send the proxy's request (logprobs, token ids) straight to trinity's engine "
+                         "at the spread levels, after the proxy's loads (where a loss with spread lengths lies)")
     ap.add_argument("--no-like-proxy", action="store_true", help="skip the like-proxy / engine-direct load runs")
     ap.add_argument("--ready-only", action="store_true", help="time to ready only, no load (e.g. a warm-cache rerun)")
     ap.add_argument("--no-ray-stop", action="store_true",
@@ -761,6 +768,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.spread < 1 or args.rounds < 1:
         print(f"serve_vs_bare: --spread {args.spread} must be at least 0 and below 1 (e.g. 0.75), and --rounds "
               f"{args.rounds} at least 1", file=sys.stderr)
+        return 2
+    if args.engine_direct_spread and not args.spread:
+        print("serve_vs_bare: --engine-direct-spread loads the spread levels; give --spread too (e.g. --spread 0.75)",
+              file=sys.stderr)
         return 2
     try:
         parse_warmup_level(args.warmup_level)

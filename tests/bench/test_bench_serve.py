@@ -436,3 +436,24 @@ def test_a_phase_that_compiled_the_model_before_ready_is_named_not_warm(tmp_path
     assert svb.done_line("trinity", phases["trinity"]) == "trinity: done; ready=True first answer 74.0 s"
     del phases["bare"]
     assert "compiled_before_ready" not in svb.summary({"label": "x", "phases": phases})
+
+
+def test_summary_adds_the_engine_reached_directly_with_spread_lengths():
+    """--engine-direct-spread: the proxy's request sent straight to Trinity's engine at the spread levels, beside the
+    proxy's spread load, so a loss with spread lengths can be told to lie in the engine or in the proxy."""
+    lv = lambda c, tps: {"concurrency": c, "output_tokens_per_s": tps}  # noqa: E731
+    result = {"label": "x", "phases": {
+        "bare": {"ready": {"ready": True, "first_answer_s": 40.0}, "load_spread": {"levels": [lv(64, 1000.0)]}},
+        "trinity": {"ready": {"ready": True, "first_answer_s": 55.0}, "load_spread": {"levels": [lv(64, 760.0)]},
+                    "load_engine_direct_spread": {"levels": [lv(64, 950.0)]}},
+    }}
+    assert svb.summary(result)["throughput_ratio_spread"]["64"] == {
+        "bare_tok_s": 1000.0, "engine_direct_tok_s": 950.0, "engine_direct_vs_bare": 0.95, "proxy_tok_s": 760.0,
+        "proxy_vs_bare": 0.76}
+
+
+def test_engine_direct_spread_without_spread_is_one_sentence(tmp_path, tiny_model, capsys):
+    assert svb.main(["--model", str(tiny_model), "--label", "x", "--out", str(tmp_path), "--engine-direct-spread"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "serve_vs_bare: --engine-direct-spread loads the spread levels; give --spread too (e.g. --spread 0.75)"
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written

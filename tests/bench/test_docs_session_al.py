@@ -141,3 +141,24 @@ def test_the_clients_with_the_patch():
     assert re.search(r"^=+ 12 passed in 89\.13s", (LOGS / "rl.log").read_text(), re.M)
     t = flat(GPU_DOC.read_text().split("### AL2.")[1].split("\n## ")[0])
     assert "8 agents, 56 of 56 requests, 0 failed, 40 rewarded, passed" in t and "**12 of 12 passed** in 92 s" in t
+
+
+def test_the_spread_loss_that_proxy3b_spread_direct_is_for():
+    """bench/README.md's figures for the long runs of the builders without a warm-up level on H100s (AH's three, AL's)."""
+    runs = [(path, phase) for path, phase, key in EARLIER_FIRST if key == "load"]
+    runs.append(("gpu-2026-12-07al/serve-qwen3b-abba1.json", "trinity"))
+    spread, equal, bare_lost, proxy_lost = [], [], [], []
+    for path, phase in runs:
+        run = json.loads((REPO / "bench" / "results" / path).read_text())
+        tok = {(p, k): level(run, p, k, 64)["output_tokens_per_s"] for p in ("bare", phase) for k in ("load", "load_spread")}
+        spread.append(tok[phase, "load_spread"] / tok["bare", "load_spread"])
+        equal.append(tok[phase, "load"] / tok["bare", "load"])
+        bare_lost.append(1 - tok["bare", "load_spread"] / tok["bare", "load"])
+        proxy_lost.append(1 - tok[phase, "load_spread"] / tok[phase, "load"])
+    assert all(p > b for p, b in zip(proxy_lost, bare_lost))  # "more in each run"
+    readme = flat((REPO / "bench" / "README.md").read_text())
+    span = lambda xs, f="{:.2f}": f"{f.format(min(xs))}-{f.format(max(xs))}"  # noqa: E731
+    assert f"the proxy served {span(spread)} of bare at c=64 with spread lengths" in readme
+    assert f"with equal lengths it served {span(equal)}" in readme
+    pct = [round(x * 100) for x in bare_lost], [round(x * 100) for x in proxy_lost]
+    assert f"bare lost {min(pct[0])}-{max(pct[0])} % against its own equal-length level, the proxy {min(pct[1])}-{max(pct[1])} %, more in each run" in readme

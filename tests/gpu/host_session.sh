@@ -65,6 +65,10 @@
 #              proxy vs its engine is the hop and commit, bare-mp vs bare is the executor's own cost; then the proxy
 #              alone on this host's CPU before a test double that answers after 0.27 s (bare's c=32 latency), so its
 #              answers come in bursts as vLLM's do: what recording adds to the hop (on the CPU machine: 35-55 ms)
+#   proxy3b-spread-direct  bare and trinity as in proxy3b-abba's first order, and after the proxy's loads the proxy's
+#              request sent straight to Trinity's engine at the spread levels (serve_vs_bare --engine-direct-spread):
+#              whether the loss with spread lengths at c=64 (the builders' long runs without a warm-up level on
+#              H100s, sessions AH and AL: 0.76-0.79 of bare) lies in the engine or in the proxy (qwen3b-spread-direct)
 #   proxy3b-abba  bare and trinity (today's defaults) as in proxy3b-long, twice, the second time in the other order
 #              (bare, trinity; trinity, bare: labels qwen3b-abba1, qwen3b-abba2): two samples of each Summary figure
 #              from one machine, and how far one run's ratio moves from the next (sessions P and Q read 0.84 / 0.92
@@ -160,6 +164,7 @@
 #              (trinity-cold, RFTSTACK_WARM_WORKERS=0); run it after a 3B step, whose runs warm the caches
 #   ready-3b-late  bare, trinity (the builders started with the Explorer, patches/trinity-proxy-builders-early.patch)
 #              and trinity-late (RFTSTACK_PROXY_BUILDERS_EARLY=0: with the proxy's app): time to ready only, warm caches
+#              only after a step that started the 3B model in both servers (session AL ran it first: each compiled)
 #   ready-3b-mp  bare, trinity and trinity-mp: time to ready only, warm caches, after a 3B step (session K's step,
 #              then trinity on uni; ready-3b-exec holds the same phases and trinity-uni)
 #   ready-3b-exec  bare, trinity (today's defaults), trinity-uni and trinity-mp (spawned): time to ready only, warm
@@ -272,6 +277,9 @@ for step in "${steps[@]}"; do
                  --concurrency 32,64 --budget-s 600 \
               && python3 bench/proxy_overhead.py --out "$LOGS/bench/proxy-overhead-host-delay.json" --variants sqlite-gc,hop-gc \
                  --concurrency 32,64 --requests 1024 --upstream-delay-s 0.27 ;;
+        proxy3b-spread-direct) bench --model /tmp/bench/qwen3b --label qwen3b-spread-direct --phases bare,trinity \
+                 --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
+                 --engine-direct-spread --budget-s 900 ;;
         proxy3b-abba) for order in ${ABBA_ORDERS:-1:bare,trinity 2:trinity,bare}; do
                    bench --model /tmp/bench/qwen3b --label "qwen3b-abba${order%%:*}" --phases "${order#*:}" \
                      --no-like-proxy --rounds 32 --level-timeout 60 --spread 0.75 --spread-levels 32,64 --concurrency 32,64 \
