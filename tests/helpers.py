@@ -34,6 +34,16 @@ def doc_section(heading: str, doc: Path = REPO / "docs" / "benchmarks.md") -> st
     return m.group(1)
 
 
+def answered_level(run: dict, phase: str, key: str, c: int) -> dict:
+    """serve_vs_bare result ``run``'s level at concurrency ``c`` of ``phase``'s load ``key`` (summary_table's reader,
+    which refuses a level with errors), asserting that every request of it was answered."""
+    import summary_table  # bench/ (pytest's pythonpath)
+
+    lv = summary_table._level(summary_table._phase(run, phase, run["label"]), key, c, run["label"])
+    assert lv["ok"] == lv["requests"]
+    return lv
+
+
 def named_runs(section: str) -> list[tuple[str, dict]]:
     """The result files a docs section lists as ``- `bench/results/....json`: ...`` lines, in its order, each with its
     JSON: the runs a section's table is computed from (bench/run_spread.py)."""

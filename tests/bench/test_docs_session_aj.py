@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import re
 
-import summary_table
 from helpers import REPO
+from helpers import answered_level as level
 from helpers import doc_section
 
 RESULTS = REPO / "bench" / "results" / "gpu-2026-12-06aj"
@@ -31,12 +31,6 @@ def gpu_text(heading: str) -> str:
 
 def warmup_run() -> dict:
     return json.loads((RESULTS / "serve-qwen3b-warmup1.json").read_text())
-
-
-def level(run: dict, phase: str, key: str, c: int) -> dict:
-    lv = summary_table._level(summary_table._phase(run, phase, run["label"]), key, c, run["label"])
-    assert lv["ok"] == lv["requests"]  # every request answered (_level refuses a level with errors)
-    return lv
 
 
 def test_the_table_is_the_run():

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import re
 
-import summary_table
 from helpers import REPO
+from helpers import answered_level as level
 from helpers import doc_section
 
 RESULTS = REPO / "bench" / "results" / "gpu-2026-12-07al"
@@ -36,12 +36,6 @@ def bench_text() -> str:
 
 def result(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
-
-
-def level(run: dict, phase: str, key: str, c: int) -> dict:
-    lv = summary_table._level(summary_table._phase(run, phase, run["label"]), key, c, run["label"])
-    assert lv["ok"] == lv["requests"]  # every request answered (_level refuses a level with errors)
-    return lv
 
 
 def ratio(run: dict, key: str, c: int) -> float:
