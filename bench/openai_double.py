@@ -4,14 +4,15 @@ Real HTTP on loopback (stdlib ThreadingHTTPServer on a free port), with determin
 load generator's tests check against: request number k (1-based, counted across the server's
 life) fails with HTTP 500 when ``k % fail_every == 0``, otherwise answers with
 ``usage.completion_tokens = max_tokens`` (or one less when ``k % short_every == 0``), after
-``delay_s``. Every request body is kept in ``bodies`` (unless ``keep_bodies=False``).
+``delay_s`` plus ``delay_per_token_s`` for each of its completion tokens (so that answers of spread lengths
+come back at spread times, as a GPU's do). Every request body is kept in ``bodies`` (unless ``keep_bodies=False``).
 
 Like vLLM, it returns ``prompt_token_ids`` and per-choice ``token_ids`` when the request asks for
 ``return_token_ids``, and per-token ``logprobs.content`` when it asks for ``logprobs`` (with
 ``vllm_xargs.rftstack_logprobs_numeric``, as vLLM with patches/vllm-logprobs-numeric.patch: the numbers as
 ``rftstack_logprobs``, ``logprobs`` null): the fields Trinity's proxy records. Used by the tests and by bench/proxy_overhead.py (never for GPU numbers).
 
-    python bench/openai_double.py [--delay-s 0.0]    # prints "URL http://127.0.0.1:PORT", serves until killed
+    python bench/openai_double.py [--delay-s 0.0] [--delay-per-token-s 0.0]    # prints "URL http://127.0.0.1:PORT", serves until killed
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ MODEL_ID = "test-double-model"
 
 
 class OpenAIDouble:
-    def __init__(self, *, fail_every: int = 0, short_every: int = 0, delay_s: float = 0.0, keep_bodies: bool = True):
+    def __init__(self, *, fail_every: int = 0, short_every: int = 0, delay_s: float = 0.0, keep_bodies: bool = True,
+                 delay_per_token_s: float = 0.0):
         self.keep_bodies = keep_bodies
+        self.delay_per_token_s = delay_per_token_s
         self.fail_every = fail_every
         self.short_every = short_every
         self.delay_s = delay_s
@@ -66,14 +69,15 @@ class OpenAIDouble:
                     k = double.count
                     if double.keep_bodies:
                         double.bodies.append(body)
-                if double.delay_s:
-                    time.sleep(double.delay_s)
-                if double.fail_every and k % double.fail_every == 0:
-                    self._send(500, {"error": {"message": f"test double: planned failure of request {k}"}})
-                    return
                 n = int(body.get("max_tokens", 16))
                 if double.short_every and k % double.short_every == 0:
                     n -= 1
+                delay = double.delay_s + double.delay_per_token_s * n
+                if delay:
+                    time.sleep(delay)
+                if double.fail_every and k % double.fail_every == 0:
+                    self._send(500, {"error": {"message": f"test double: planned failure of request {k}"}})
+                    return
                 choice = {"index": 0, "message": {"role": "assistant", "content": "x" * n}, "finish_reason": "length"}
                 reply = {
                     "id": f"chatcmpl-double-{k}", "object": "chat.completion", "model": MODEL_ID, "choices": [choice],
@@ -112,10 +116,11 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description="a TEST DOUBLE OpenAI server on a free loopback port")
     ap.add_argument("--delay-s", type=float, default=0.0)
+    ap.add_argument("--delay-per-token-s", type=float, default=0.0, help="more delay per completion token")
     ap.add_argument("--name", default="", help="a word for the command line only, so that a profiler or a test can "
                     "tell this double from others running on the machine")
     a = ap.parse_args()
-    with OpenAIDouble(delay_s=a.delay_s, keep_bodies=False) as d:
+    with OpenAIDouble(delay_s=a.delay_s, delay_per_token_s=a.delay_per_token_s, keep_bodies=False) as d:
         print("URL", d.base_url, flush=True)
         try:
             while True:

@@ -548,11 +548,13 @@ def start(argv: list[str], log: Path, nice: int = 0) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
 
-def start_double(logs: Path, delay_s: float = 0.0, name: str = "") -> tuple[subprocess.Popen, str]:
+def start_double(logs: Path, delay_s: float = 0.0, name: str = "", per_token_s: float = 0.0) -> tuple[subprocess.Popen, str]:
     """The TEST DOUBLE upstream (openai_double.py) and the URL it prints once it listens; ``name`` goes on its
-    command line (``--name``), where a profiler's pattern can find this double and no other."""
+    command line (``--name``), where a profiler's pattern can find this double and no other; ``per_token_s`` more
+    delay per completion token (``--delay-per-token-s``)."""
     log = logs / "double.log"
     double = start([sys.executable, str(HERE / "openai_double.py"), "--delay-s", str(delay_s),
+                    *(["--delay-per-token-s", str(per_token_s)] if per_token_s else []),
                     *(["--name", name] if name else [])], log)
     end = time.monotonic() + 30
     while time.monotonic() < end:
@@ -627,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spread", type=float, default=0.0, metavar="S",
                     help="spread output lengths as loadgen's --max-tokens-spread (0: all --max-tokens)")
     ap.add_argument("--upstream-delay-s", type=float, default=0.0, help="the double's delay per request")
+    ap.add_argument("--upstream-delay-per-token-s", type=float, default=0.0,
+                    help="the double's further delay per completion token: with --spread, answers of spread lengths "
+                         "come back at spread times, as from a GPU (0.27 s and 0 give a burst per round at equal lengths)")
     ap.add_argument("--startup-timeout-s", type=float, default=300.0,
                     help="how long a variant's proxy may take to answer /health; after it, the variant's result says so")
     ap.add_argument("--busy", type=int, default=0, metavar="N",
@@ -664,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
                           "sched_autogroup": proc_cpu.sched_autogroup()},
               "command": " ".join([sys.executable, *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "upstream": "TEST DOUBLE (bench/openai_double.py)", "upstream_delay_s": args.upstream_delay_s,
-              "max_tokens_spread": args.spread, "runs": {}}
+              "upstream_delay_per_token_s": args.upstream_delay_per_token_s, "max_tokens_spread": args.spread, "runs": {}}
 
     def run_load(url: str, label: str, headers: dict | None = None) -> dict:
         return asyncio.run(loadgen.run(url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, label=label,
@@ -673,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result["busy_processes"] = args.busy
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(args.busy)]
-    double, url = start_double(logs, args.upstream_delay_s)
+    double, url = start_double(logs, args.upstream_delay_s, per_token_s=args.upstream_delay_per_token_s)
     try:
         result["runs"]["direct"] = run_load(url, "direct to the test double")
         for v in variants:

@@ -203,3 +203,35 @@ def test_steady_window_of_a_level_against_the_double():
     assert lines == [f"[loadgen double] c=4: 80/80 ok, {lv['output_tokens_per_s']} tok/s, p50 {lv['latency_s']['p50']} s, "
                      f"p99 {lv['latency_s']['p99']} s, steady {st['output_tokens_per_s']} tok/s, "
                      f"steal {lv['machine']['steal_cores']} cores"]
+
+
+def test_double_answers_longer_completions_later():
+    """openai_double.py --delay-per-token-s (what proxy_overhead.py --upstream-delay-per-token-s starts): sent at the
+    same moment, an answer of 25 tokens comes 0.5 s or more after the request, one of 1 token before it."""
+    import threading
+    import time
+    import urllib.request
+
+    double = subprocess.Popen([sys.executable, str(REPO / "bench/openai_double.py"), "--delay-per-token-s", "0.02"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        url = double.stdout.readline().split()[1]
+        took: dict[int, float] = {}
+
+        def ask(n: int) -> None:
+            body = json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": n})
+            req = urllib.request.Request(f"{url}/v1/chat/completions", body.encode(), {"Content-Type": "application/json"})
+            t0 = time.monotonic()
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert json.loads(r.read())["usage"]["completion_tokens"] == n
+            took[n] = time.monotonic() - t0
+
+        threads = [threading.Thread(target=ask, args=(n,)) for n in (25, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        double.kill()
+        double.wait()
+    assert took[25] >= 0.5 and took[1] < took[25]

@@ -263,3 +263,16 @@ def test_busy_takes_no_negative_count(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(tmp_path / "x.json"), "--variants", "hop",
                         "--busy", "-1"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2 and r.stderr.strip() == "proxy_overhead: --busy takes a number of spinning processes, 0 or more"
+
+
+def test_upstream_delay_per_token_reaches_the_double(tmp_path):
+    """--upstream-delay-per-token-s: the double answers 25 tokens 0.5 s or more after the request (direct and through
+    the proxy), and the result says with which delays it ran."""
+    out = tmp_path / "t.json"
+    r = overhead(out, "hop", 2, 4, 25, "--upstream-delay-per-token-s", "0.02")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["upstream_delay_per_token_s"] == 0.02 and result["upstream_delay_s"] == 0.0
+    for run in ("direct", "hop"):
+        (lv,) = result["runs"][run]["levels"]
+        assert lv["ok"] == 4 and lv["latency_s"]["p50"] >= 0.5, (run, lv["latency_s"])
