@@ -25,6 +25,11 @@ def trinity_engine_args() -> str:
     return engine_table.host_session_defaults()[0]
 
 
+def flat(text: str) -> str:
+    """``text`` with every run of white space one space: a docs claim reads the same however its lines are wrapped."""
+    return " ".join(text.split())
+
+
 def doc_section(heading: str, doc: Path = REPO / "docs" / "benchmarks.md") -> str:
     """The text of ``doc``'s section under the heading line that starts with ``heading``, up to the next ### heading."""
     import re

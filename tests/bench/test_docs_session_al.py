@@ -10,7 +10,7 @@ import re
 
 from helpers import REPO
 from helpers import answered_level as level
-from helpers import doc_section
+from helpers import doc_section, flat
 
 RESULTS = REPO / "bench" / "results" / "gpu-2026-12-07al"
 LOGS = REPO / "docs" / "gpu-logs" / "2026-12-07al"
@@ -24,10 +24,6 @@ EARLIER_FIRST = (("gpu-2026-12-06ah/serve-qwen3b-build1.json", "trinity-build", 
                  ("gpu-2026-12-06ah/serve-qwen3b-build2.json", "trinity-build", "load"),
                  ("gpu-2026-12-06ah/serve-qwen3b-abba3.json", "trinity-build", "load"),
                  ("gpu-2026-12-06aj/serve-qwen3b-warmup1.json", "trinity", "warmup_level"))  # fmt: skip
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def bench_text() -> str:
