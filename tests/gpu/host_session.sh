@@ -4,6 +4,10 @@
 #
 #   setsid bash tests/gpu/host_session.sh [STEP...] </dev/null >/tmp/gs.out 2>&1 &
 #
+# A step named twice, or run again by a later host_session.sh with the same LOGS, writes STEP-2.log (STEP-2-runs.tgz,
+# STEP-2-serve-lines.txt) and its serve_vs_bare label gets -2 (its result JSON and work folder with it); an ended
+# session's steps.txt moves to steps-N.txt first (tests/gpu/device/step_names.sh). Other fixed output names (the
+# proxy_overhead steps' JSON) are overwritten.
 # Started detached so that it outlives one call of a time-limited remote shell; later calls only
 # collect $LOGS. Never stop it with `pkill -f host_session.sh` from a remote shell whose own command
 # line holds that text: the pattern matches the shell too. Steps (default: all, in this order):
@@ -189,6 +193,9 @@ set -u
 cd "$(dirname "$0")/../.."
 LOGS=${LOGS:-/tmp/gs}
 mkdir -p "$LOGS/results"
+# a step run again with the same LOGS: its files as STEP-2 (tests/gpu/device/step_names.sh)
+. tests/gpu/device/step_names.sh
+rotate_steps "$LOGS"
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 RFTSTACK_GPU_RESULTS=$LOGS/results
 export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}  # no flashinfer-cubin in the bundle
 # one torch.compile cache for every step: each test gives its serve its own XDG_CACHE_HOME, which
@@ -233,10 +240,11 @@ else
 fi
 
 pytest_gpu() { local name=$1 file=$2; shift 2; python3 -m pytest -v -s -p no:cacheprovider -o addopts= --basetemp="/tmp/pt-$name" "tests/gpu/$file" "$@"; }
-bench() { wait; python3 bench/serve_vs_bare.py --serve-cmd "$serve_cmd" --out "$LOGS/bench" "$@"; }
+bench() { wait; label_args "$suffix" "$@"; python3 bench/serve_vs_bare.py --serve-cmd "$serve_cmd" --out "$LOGS/bench" "${LABELLED[@]}"; }
 
 for step in "${steps[@]}"; do
-    note "start $step"
+    run=$(run_name "$LOGS" "$step"); suffix=${run#"$step"}  # "" the first time, "-2" the second
+    note "start $run"
     t0=$(date +%s)
     case $step in
         rl) pytest_gpu rl test_rl_loop_gpu.py ;;
@@ -406,12 +414,12 @@ for step in "${steps[@]}"; do
                  -- python3 -m rftstack serve -c /tmp/gap-trinity.yaml --port 8124 --run-dir /tmp/gap-trinity-run \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--skip-doctor} ;;
         *) note "unknown step $step"; continue ;;
-    esac > "$LOGS/$step.log" 2>&1
-    note "end $step rc=$? $(( $(date +%s) - t0 )) s"
+    esac > "$LOGS/$run.log" 2>&1
+    note "end $run rc=$? $(( $(date +%s) - t0 )) s"
     # the runs' own directories (logs, status, configs) for the record; not the models or caches
-    tar czf "$LOGS/$step-runs.tgz" --exclude='*.safetensors' --exclude='cache' --exclude='*.db' \
+    tar czf "$LOGS/$run-runs.tgz" --exclude='*.safetensors' --exclude='cache' --exclude='*.db' \
         /tmp/pt-$step "$LOGS/bench/work" 2>/dev/null
     # the serve logs' start-up lines docs/ cites, in a file that watch.sh brings back (the archive above stays here)
-    bash tests/gpu/device/serve_lines.sh "$LOGS" "$step" "$t0"
+    bash tests/gpu/device/serve_lines.sh "$LOGS" "$step" "$t0" "$run"
 done
 note "all done"

@@ -30,9 +30,9 @@ def write(path: Path, *lines: str, mtime: float | None = None) -> Path:
     return path
 
 
-def run(logs: Path, step: str, t0: int, pt_root: Path) -> subprocess.CompletedProcess:
+def run(logs: Path, step: str, t0: int, pt_root: Path, *name: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PT_ROOT": str(pt_root)}
-    return subprocess.run(["bash", str(SCRIPT), str(logs), step, str(t0)], capture_output=True, text=True,
+    return subprocess.run(["bash", str(SCRIPT), str(logs), step, str(t0), *name], capture_output=True, text=True,
                           timeout=60, env=env)  # fmt: skip
 
 
@@ -65,6 +65,19 @@ def test_a_step_without_serve_logs_leaves_an_empty_file_and_succeeds(tmp_path):
 def test_host_session_writes_them_after_each_step_and_watch_brings_them_back():
     session = (ROOT / "tests" / "gpu" / "host_session.sh").read_text()
     loop = session[session.index('for step in "${steps[@]}"; do'):session.index('note "all done"')]
-    assert 'bash tests/gpu/device/serve_lines.sh "$LOGS" "$step" "$t0"' in loop.split("esac")[-1]
+    assert 'bash tests/gpu/device/serve_lines.sh "$LOGS" "$step" "$t0" "$run"' in loop.split("esac")[-1]
     watch = (ROOT / "tests" / "gpu" / "device" / "watch.sh").read_text()
     assert re.search(r"tar czf \"\$OUT/gs\.tgz\.part\"[^\n]* gs/\*\.txt ", watch)
+
+
+def test_a_second_run_of_a_step_writes_its_own_file(tmp_path):
+    """NAME (host_session.sh's STEP-2 for a step's second run with the same LOGS): the lines go to NAME's file, the
+    first run's file stays as it was."""
+    logs, pt = tmp_path / "gs", tmp_path / "pt"
+    first = write(logs / "rl-serve-lines.txt", "the first run's lines")
+    t0 = int(time.time()) - 5
+    log = write(pt / "pt-rl" / "rl0" / "run" / "logs" / "trinity.log", READY)
+    out = run(logs, "rl", t0, pt, "rl-2")
+    assert out.returncode == 0, out.stderr
+    assert (logs / "rl-2-serve-lines.txt").read_text().splitlines() == [f"{log}:{READY}"]
+    assert first.read_text() == "the first run's lines\n"
