@@ -120,6 +120,8 @@ if __name__ == "__main__":
     ap.add_argument("--name", default="", help="a word for the command line only, so that a profiler or a test can "
                     "tell this double from others running on the machine")
     a = ap.parse_args()
+    if a.delay_s < 0 or a.delay_per_token_s < 0:
+        ap.error("--delay-s and --delay-per-token-s take seconds, 0 or more")
     with OpenAIDouble(delay_s=a.delay_s, delay_per_token_s=a.delay_per_token_s, keep_bodies=False) as d:
         print("URL", d.base_url, flush=True)
         try:

@@ -660,6 +660,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.busy < 0:
         print("proxy_overhead: --busy takes a number of spinning processes, 0 or more", file=sys.stderr)
         return 2
+    for flag, value in (("--upstream-delay-s", args.upstream_delay_s), ("--upstream-delay-per-token-s", args.upstream_delay_per_token_s)):
+        if value < 0:
+            print(f"proxy_overhead: {flag} takes seconds, 0 or more, not {value}", file=sys.stderr)
+            return 2
     levels = loadgen.parse_levels(args.concurrency)
     out = Path(args.out)
     logs = Path(args.logs) if args.logs else out.parent / (out.stem + "-logs")

@@ -235,3 +235,9 @@ def test_double_answers_longer_completions_later():
         double.kill()
         double.wait()
     assert took[25] >= 0.5 and took[1] < took[25]
+
+
+def test_double_refuses_a_negative_delay():
+    r = subprocess.run([sys.executable, str(REPO / "bench/openai_double.py"), "--delay-per-token-s", "-1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--delay-per-token-s take seconds, 0 or more" in r.stderr and "URL" not in r.stdout

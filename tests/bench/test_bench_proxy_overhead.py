@@ -34,6 +34,14 @@ def test_a_variant_named_twice_is_one_sentence(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("flag", ["--upstream-delay-s", "--upstream-delay-per-token-s"])
+def test_a_negative_delay_is_one_sentence(tmp_path, flag):
+    r = subprocess.run([sys.executable, str(REPO / "bench/proxy_overhead.py"), "--out", str(tmp_path / "x.json"),
+                        "--variants", "hop", flag, "-0.1"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and r.stderr.strip() == f"proxy_overhead: {flag} takes seconds, 0 or more, not -0.1"
+    assert not (tmp_path / "x.json").exists() and not list(tmp_path.iterdir())
+
+
 def test_group_commit_setting_per_variant():
     import proxy_overhead as po
 
