@@ -172,6 +172,8 @@ def test_the_builders_switch_warm_twice():
     assert d[0] < 0 < d[1]  # one faster, one slower: "no effect that two starts can tell"
     assert f"gave {-d[0]:.2f} s less and {d[1]:.2f} s more than starting them with the app" in t
     assert f"the builders started with the Explorer {-d[0]:.2f} s faster and {d[1]:.2f} s slower" in flat(GPU_DOC.read_text())
+    readme = flat((REPO / "bench" / "README.md").read_text())
+    assert f"the early start {-d[0]:.2f} s faster, then {d[1]:.2f} s slower than the late one" in readme
 
 
 def serve_times(path) -> dict[str, tuple[datetime, datetime]]:
@@ -200,6 +202,7 @@ def test_where_the_builders_start():
     assert f"the last of the four builders was ready {min(early):.0f} to {max(early):.0f} s before `All models are ready.`" in t
     assert f"with it off, {-max(late):.0f} to {-min(late):.0f} s after" in t
     assert f"ready {min(early):.0f} to {max(early):.0f} s before" in flat(doc_section("### AM2.", GPU_DOC))
+    assert f"the builders ready {min(early):.0f}-{max(early):.0f} s before the engine" in flat((REPO / "bench" / "README.md").read_text())
 
 
 @pytest.mark.parametrize("spread,key", [("equal", "load"), ("spread", SPREAD)])
