@@ -205,17 +205,17 @@ def test_steady_window_of_a_level_against_the_double():
                      f"steal {lv['machine']['steal_cores']} cores"]
 
 
-def test_double_answers_longer_completions_later():
-    """openai_double.py --delay-per-token-s (what proxy_overhead.py --upstream-delay-per-token-s starts): sent at the
-    same moment, an answer of 25 tokens comes 0.5 s or more after the request, one of 1 token before it."""
+def test_double_answers_longer_completions_later(tmp_path):
+    """openai_double.py --delay-per-token-s, started as proxy_overhead.py --upstream-delay-per-token-s starts it: sent at
+    the same moment, an answer of 25 tokens comes 0.5 s or more after the request, one of 1 token before it."""
     import threading
     import time
     import urllib.request
 
-    double = subprocess.Popen([sys.executable, str(REPO / "bench/openai_double.py"), "--delay-per-token-s", "0.02"],
-                              stdout=subprocess.PIPE, text=True)
+    import proxy_overhead as po
+
+    double, url = po.start_double(tmp_path, per_token_s=0.02)
     try:
-        url = double.stdout.readline().split()[1]
         took: dict[int, float] = {}
 
         def ask(n: int) -> None:
@@ -232,8 +232,7 @@ def test_double_answers_longer_completions_later():
         for t in threads:
             t.join()
     finally:
-        double.kill()
-        double.wait()
+        po.stop(double)
     assert took[25] >= 0.5 and took[1] < took[25]
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 
 import pytest
 import run_spread  # bench/
+from summary_table import p99_ratio  # bench/
 from helpers import REPO
 from helpers import answered_level as level
 from helpers import doc_section, flat
@@ -119,7 +120,7 @@ def test_run_two_the_cold_ready_and_the_pooled_figures():
     one, two = runs()
     t = bench_text()
     r = {(k, c): tok(two, "trinity", k, c) / tok(two, "bare", k, c) for _, k, c in LEVELS}
-    p99 = level(two, "trinity", "load", 32)["latency_s"]["p99"] / level(two, "bare", "load", 32)["latency_s"]["p99"]
+    p99 = p99_ratio(two, "run 2")
     ready = {ph: v["ready"]["first_answer_s"] for ph, v in two["phases"].items()}
     figures = (f"{r['load', 32]:.2f} (c=32 equal), {r['load', 64]:.2f} (c=64 equal), {r[SPREAD, 32]:.2f} / "
                f"{r[SPREAD, 64]:.2f} (spread), p99 at c=32 {p99:.2f} of bare, warm ready **{ready['trinity'] / ready['bare']:.2f}x** "
@@ -132,12 +133,12 @@ def test_run_two_the_cold_ready_and_the_pooled_figures():
     assert (f"the second run read {r['load', 32]:.2f} (c=32 equal), {r['load', 64]:.2f} (c=64 equal), {r[SPREAD, 32]:.2f} / "
             f"{r[SPREAD, 64]:.2f} (spread), p99 {p99:.2f}, warm ready {ready['trinity'] / ready['bare']:.2f}") in preface
     one_r = [tok(one, "trinity", "load", c) / tok(one, "bare", "load", c) for c in (32, 64)]
-    one_p99 = level(one, "trinity", "load", 32)["latency_s"]["p99"] / level(one, "bare", "load", 32)["latency_s"]["p99"]
+    one_p99 = p99_ratio(one, "run 1")
     cold = {ph: v["ready"]["first_answer_s"] for ph, v in one["phases"].items()}
     assert (f"Run 1: {one_r[0]:.2f} / {one_r[1]:.2f} (equal), p99 at c=32 {one_p99:.2f}; its ready was cold (both "
             f"compiled): {cold['trinity']:.2f} s against {cold['bare']:.2f} s, {cold['trinity'] / cold['bare']:.2f}x") in t
-    pooled = {(k, c): (tok(one, "trinity", k, c) + tok(two, "trinity", k, c)) / (tok(one, "bare", k, c) + tok(two, "bare", k, c))
-              for _, k, c in LEVELS}
+    figures_ = run_spread.spread([("run 1", one), ("run 2", two)])
+    pooled = {(k, c): figures_[f"proxy/bare c={c} {'spread' if k == SPREAD else 'equal'}"]["pooled"] for _, k, c in LEVELS}
     assert (f"{pooled['load', 64]:.2f} (c=64 equal), {pooled[SPREAD, 64]:.2f} (c=64 spread), {pooled['load', 32]:.2f} "
             f"(c=32 equal), {pooled[SPREAD, 32]:.2f} (c=32 spread)") in t
     assert (f"pooled with run 1, {pooled['load', 32]:.2f} / {pooled['load', 64]:.2f} (equal), {pooled[SPREAD, 32]:.2f} / "
@@ -205,12 +206,23 @@ def test_where_the_builders_start():
     assert f"the builders ready {min(early):.0f}-{max(early):.0f} s before the engine" in flat((REPO / "bench" / "README.md").read_text())
 
 
+def cpu_run(spread: str) -> dict:
+    return json.loads((CPU / f"proxy-overhead-per-token-{spread}.json").read_text())
+
+
+def cpu_against_direct(run: dict, variant: str, c: int) -> tuple[float, float]:
+    """A proxy_overhead variant's level at ``c`` against the double reached directly in the same run: (tokens/s ratio,
+    mean answer's extra seconds)."""
+    lv, direct = ({x["concurrency"]: x for x in run["runs"][name]["levels"]}[c] for name in (variant, "direct"))
+    return (lv["output_tokens_per_s"] / direct["output_tokens_per_s"],
+            lv["latency_s"]["mean"] - direct["latency_s"]["mean"])  # fmt: skip
+
+
 @pytest.mark.parametrize("spread,key", [("equal", "load"), ("spread", SPREAD)])
 def test_the_cpu_double_at_spread_times(spread, key):
-    run = json.loads((CPU / f"proxy-overhead-per-token-{spread}.json").read_text())
+    run = cpu_run(spread)
     assert run["upstream_delay_s"] == 0.1 and run["upstream_delay_per_token_s"] == 0.004
     assert run["max_tokens_spread"] == (0.75 if spread == "spread" else 0.0) and run["machine"]["cpus"] == 2
-    direct = {lv["concurrency"]: lv for lv in run["runs"]["direct"]["levels"]}
     table = doc_section(BENCH_HEADING)
     names = {"hop-gc+numeric": "forwarding only (hop-gc)", "sqlite-gc+numeric": "recording on the proxy's loop (sqlite-gc)",
              "sqlite-build+numeric": "recording, one builder process (sqlite-build)"}
@@ -218,23 +230,15 @@ def test_the_cpu_double_at_spread_times(spread, key):
         row = next(ln for ln in table.splitlines() if ln.startswith(f"| {name} |")).split(" | ")
         cells = row[1:3] if key == "load" else [row[3], row[4].rstrip(" |")]
         for c, text in zip((32, 64), cells):
-            lv = run["runs"][variant]["levels"][[x["concurrency"] for x in run["runs"][variant]["levels"]].index(c)]
-            ratio = lv["output_tokens_per_s"] / direct[c]["output_tokens_per_s"]
-            more = (lv["latency_s"]["mean"] - direct[c]["latency_s"]["mean"]) * 1000
-            assert text == f"{ratio:.3f}, +{more:.1f} ms", (variant, c, text)
+            ratio, more = cpu_against_direct(run, variant, c)
+            assert text == f"{ratio:.3f}, +{more * 1000:.1f} ms", (variant, c, text)
 
 
 def test_recording_costs_less_at_spread_times():
-    runs_ = {s: json.loads((CPU / f"proxy-overhead-per-token-{s}.json").read_text()) for s in ("equal", "spread")}
-
-    def ratio(s: str, variant: str, c: int) -> float:
-        lv = {x["concurrency"]: x for x in runs_[s]["runs"][variant]["levels"]}[c]
-        d = {x["concurrency"]: x for x in runs_[s]["runs"]["direct"]["levels"]}[c]
-        return lv["output_tokens_per_s"] / d["output_tokens_per_s"]
-
+    equal, spread = cpu_run("equal"), cpu_run("spread")
     for variant in ("sqlite-gc+numeric", "sqlite-build+numeric"):
-        for c in (32, 64):
-            assert ratio("spread", variant, c) > ratio("equal", variant, c)  # "with spread lengths less"
+        for c in (32, 64):  # "with spread lengths less"
+            assert cpu_against_direct(spread, variant, c)[0] > cpu_against_direct(equal, variant, c)[0]
 
 
 def test_the_steps_and_the_install():
