@@ -311,3 +311,34 @@ def test_bare_profile_windows_send_the_request_they_are_named_for(tmp_path):
     assert bodies["fields"]["logprobs"] is True and "vllm_xargs" not in bodies["fields"]
     assert bodies["numeric"]["vllm_xargs"] == {"rftstack_logprobs_numeric": 1}
     assert "VLLM::Worker" in sp.BARE_TARGETS
+
+
+def test_stack_frames_counts_another_profiled_process(tmp_path):
+    """bench/stack_frames.py --process: the named process's stacks of each window that recorded it (session AN's real
+    py-spy files), its samples a response counted from the file itself; a process no window recorded is one sentence
+    and exit 2, and so is a result without profile windows."""
+    import gzip
+
+    results = REPO / "bench" / "results" / "gpu-2026-12-07an"
+    res = json.loads((results / "engine-profile-qwen3b.json").read_text())
+    got = stack_frames.rows(res, results / "stacks", ("MessageQueue.dequeue",), "64", "VLLM::Worker")
+    assert [name for name, _, _ in got] == ["serve", "bare TRINITY_ENGINE_ARGS"]
+    windows = [res["serve"]["profile"], next(iter(res["bare_variants"].values()))["profile_numeric"]]
+    for (name, target, ms), prof in zip(got, windows):
+        assert target == "VLLM::Worker"
+        path = stack_frames.collapsed_path(results / "stacks", prof, target, "64")
+        lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+        samples = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+        assert samples == sum(t["samples"] for t in prof["targets"][target]["threads"].values())
+        assert ms["*"] == pytest.approx(1000 * samples / 100 / prof["window"]["responses"])  # --rate 100
+        assert 0 < ms["MessageQueue.dequeue"] < ms["*"]
+    frontends = stack_frames.rows(res, results / "stacks", ("MessageQueue.dequeue",), "64")
+    assert [t for _, t, _ in frontends] == ["ray::vLLMRolloutModel", "*vllm serve"]  # without --process, as before
+    for argv, says in (([str(results / "engine-profile-qwen3b.json"), str(results / "stacks"), "--process", "ray::Nope"],
+                        "no profile window in this result profiled ray::Nope"),
+                       ([str(results / "engine-fork0-qwen3b.json"), str(results / "stacks")],
+                        "no profile window in this result profiled a frontend")):
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "stack_frames.py"), *argv], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and r.stdout == ""
+        assert len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
