@@ -57,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import engine_metrics  # noqa: E402
 import loadgen  # noqa: E402
+import gpu_busy  # noqa: E402
 import proc_cpu  # noqa: E402
 import proxy_profile as pp  # noqa: E402
 import serve_vs_bare as svb  # noqa: E402
@@ -78,8 +79,10 @@ class Loop(pp.Load):
 
 
 def measured_window(loop: Loop, seconds: float, during=None) -> dict:
-    """``seconds`` of the running loop (``during``, a callable, runs instead of the sleep): its rate and
-    every process's CPU."""
+    """``seconds`` of the running loop (``during``, a callable, runs instead of the sleep): its rate, every
+    process's CPU and how busy the GPU was (bench/gpu_busy.py)."""
+    gpu = gpu_busy.Sampler()
+    gpu.start()
     m0 = proc_cpu.machine_snapshot()
     a = proc_cpu.snapshot()
     t0 = time.monotonic()
@@ -95,6 +98,7 @@ def measured_window(loop: Loop, seconds: float, during=None) -> dict:
     out["wall_s"] = round(t1 - t0, 2)
     out["processes"] = proc_cpu.window(a, b, t1 - t0, responses=out["responses"] or None)
     out["machine"] = proc_cpu.machine_window(m0, m1, t1 - t0)
+    out["gpu"] = gpu.stop(responses=out["responses"] or None, wall_s=t1 - t0)
     if extra is not None:
         out["during"] = extra
     return out
@@ -117,6 +121,8 @@ def metered_loop(base: str, model: str, c: int, args, like_proxy: bool | str, me
     url = metrics_url or base
     w = run_loop(base, model, c, args, like_proxy=like_proxy, during=lambda: engine_metrics.during_window(url, args.window_s))
     w["engine"] = w.pop("during")
+    if isinstance(w["engine"], dict):
+        w["gpu"]["busy_ms_per_step"] = gpu_busy.per_step(w["gpu"], w["engine"].get("steps_per_s"))
     return w
 
 
@@ -425,6 +431,7 @@ def summary_line(w: dict) -> str:
     elif isinstance(eng, dict) and "error" in eng:
         said = f"; engine: {eng['error']}"
     machine = f"; {proc_cpu.machine_line(w['machine'])}" if "machine" in w else ""
+    machine += f"; {gpu_busy.line(w['gpu'])}" if "gpu" in w else ""
     return (f"{w['responses_per_s']} resp/s, p50 {w['latency_s']['p50']} s, p99 {w['latency_s']['p99']} s, errors {w['errors']}; "
             f"{procs}{said}{machine}")
 

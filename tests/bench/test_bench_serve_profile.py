@@ -148,6 +148,10 @@ def test_the_loop_window_counts_responses_and_latency(tmp_path):
         assert 0 < w["latency_s"]["p50"] <= w["latency_s"]["p99"]
         assert w["processes"] and all(p["cpu_s"] > 0 for p in w["processes"])
         assert w["machine"]["busy_cores"] > 0 and "; machine: " in sp.summary_line(w)
+        # no GPU driver on this machine: the real pynvml cannot load NVML, the window says so and goes on
+        assert w["gpu"]["error"].startswith("NVML unavailable: ") and w["gpu"]["samples"] == 0
+        assert w["gpu"]["period_s"] == 0.05  # bench/README.md: "polled every 50 ms"
+        assert f"; gpu: {w['gpu']['error']}" in sp.summary_line(w)
     finally:
         po.stop(double)
 
