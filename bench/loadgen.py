@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_busy  # noqa: E402
 import proc_cpu  # noqa: E402
 
 WORDS = (
@@ -301,10 +302,12 @@ async def run(
     progress=None,
     spread: float = 0.0,
     headers: dict | None = None,
+    gpu: bool = False,
 ) -> dict:
     """Every level in turn against ``base_url``; the whole result as one JSON-ready dict.
 
-    ``requests_for(c)``, when given, sets the number of requests of level ``c`` (else ``requests``).
+    ``requests_for(c)``, when given, sets the number of requests of level ``c`` (else ``requests``). ``gpu``: the
+    server runs on this machine; each level records how busy its GPU was (bench/gpu_busy.py) under ``gpu``.
     """
     count = requests_for or (lambda c: requests)
     model = model or await first_model(base_url)
@@ -325,15 +328,20 @@ async def run(
         "levels": [],
     }
     for c in levels:
+        sampler = gpu_busy.Sampler() if gpu else None
+        if sampler:
+            sampler.start()
         m0, t0 = _machine(), time.monotonic()
         res = await run_level(
             base_url, model, concurrency=c, requests=count(c), max_tokens=max_tokens, prompt_set=ps,
             temperature=temperature, like_proxy=like_proxy, warmup=warmup,
             level_timeout_s=level_timeout_s, request_timeout_s=request_timeout_s, spread=spread, headers=headers,
         )
-        m1 = _machine()
+        m1, wall = _machine(), time.monotonic() - t0
         if m0 and m1:  # the machine's CPU over the level: busy, and steal (the hypervisor's; bench/proc_cpu.py)
-            res["machine"] = proc_cpu.machine_window(m0, m1, time.monotonic() - t0)
+            res["machine"] = proc_cpu.machine_window(m0, m1, wall)
+        if sampler:
+            res["gpu"] = sampler.stop(responses=res["ok"] or None, wall_s=wall)
         out["levels"].append(res)
         if progress:
             progress(
@@ -343,6 +351,7 @@ async def run(
                 + (f", steady {res['steady']['output_tokens_per_s']} tok/s"
                    if res["steady"]["output_tokens_per_s"] is not None else "")
                 + (f", steal {res['machine']['steal_cores']} cores" if "machine" in res else "")
+                + (f", {gpu_busy.line(res['gpu'])}" if "gpu" in res else "")
             )
     return out
 
@@ -382,6 +391,8 @@ def configure(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--label", default="", help="name of this target in the results")
     ap.add_argument("--out", default=None, help="write the JSON result here")
     ap.add_argument("--json", action="store_true", help="print the JSON result instead of progress lines")
+    ap.add_argument("--gpu-busy", action="store_true",
+                    help="the server runs on this machine: record how busy its GPU was in each level (NVML)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             args.base_url, levels=levels, requests=args.requests, max_tokens=args.max_tokens, model=args.model,
             label=args.label, temperature=args.temperature, like_proxy=args.like_proxy, warmup=args.warmup,
             level_timeout_s=args.level_timeout, request_timeout_s=args.request_timeout, progress=say,
-            spread=args.max_tokens_spread,
+            spread=args.max_tokens_spread, gpu=args.gpu_busy,
         ))
     except (OSError, RuntimeError) as exc:
         print(f"loadgen: cannot reach {args.base_url} ({exc}); start the server or fix --base-url", file=sys.stderr)

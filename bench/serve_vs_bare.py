@@ -416,7 +416,7 @@ class Bench:
         return asyncio.run(loadgen.run(
             base_url, levels=levels, requests=0, requests_for=self.requests_for, max_tokens=self.args.max_tokens,
             model=model, label=label, like_proxy=like_proxy, warmup=4, level_timeout_s=per_level,
-            request_timeout_s=min(120.0, per_level), progress=self.say, spread=spread,
+            request_timeout_s=min(120.0, per_level), progress=self.say, spread=spread, gpu=True,
         ))
 
     def warm_up(self, r: dict, base_url: str, label: str, model: str | None) -> None:

@@ -205,6 +205,29 @@ def test_steady_window_of_a_level_against_the_double():
                      f"steal {lv['machine']['steal_cores']} cores"]
 
 
+def test_each_level_records_the_gpu_when_asked(monkeypatch):
+    """loadgen.run(gpu=True) (serve_vs_bare.py's long runs; loadgen.py --gpu-busy): each level's ``gpu`` from
+    bench/gpu_busy.py, on its progress line too. No GPU here: the real pynvml first (its one phrase why), then a
+    TEST DOUBLE of NVML (a GPU always 60 % busy) for the arithmetic; without the option no ``gpu`` at all."""
+    import gpu_busy
+    from nvml_double import DoubleNvml
+
+    lines: list[str] = []
+    with OpenAIDouble(delay_s=0.02) as srv:
+        plain = asyncio.run(loadgen.run(srv.base_url, levels=[2], requests=10, max_tokens=4, warmup=0))
+        real = asyncio.run(loadgen.run(srv.base_url, levels=[2], requests=10, max_tokens=4, warmup=0, gpu=True,
+                                       label="r", progress=lines.append))
+        monkeypatch.setattr(gpu_busy, "load_nvml", lambda: DoubleNvml([[60]]))
+        double = asyncio.run(loadgen.run(srv.base_url, levels=[2], requests=40, max_tokens=4, warmup=0, gpu=True))
+    assert "gpu" not in plain["levels"][0]
+    g = real["levels"][0]["gpu"]
+    assert g["error"].startswith("NVML unavailable: ") and lines[0].endswith(f", gpu: {g['error']}")
+    lv = double["levels"][0]
+    g = lv["gpu"]
+    assert g["samples"] >= 1 and g["busy_pct"] == 60.0 and "error" not in g
+    assert g["busy_ms_per_response"] == pytest.approx(0.6 * lv["wall_s"] * 1000 / 40, rel=0.05)
+
+
 def test_double_answers_longer_completions_later(tmp_path):
     """openai_double.py --delay-per-token-s, started as proxy_overhead.py --upstream-delay-per-token-s starts it: sent at
     the same moment, an answer of 25 tokens comes 0.5 s or more after the request, one of 1 token before it."""

@@ -230,6 +230,20 @@ def test_warmup_level_runs_apart_from_the_measured_levels(tmp_path):
     assert svb.summary({"label": "w", "phases": phases})["throughput_ratio"]["32"]["proxy_vs_bare"] == 0.9
 
 
+def test_the_long_runs_levels_record_the_gpu(tmp_path):
+    """Bench.load (every measured level of a long run) against a TEST DOUBLE of vLLM's OpenAI server: each level
+    carries how busy the GPU was (bench/gpu_busy.py); with no driver here, the phrase why."""
+    from doubles.vllm_stream_double import VLLMStreamDouble
+
+    (tmp_path / "config.json").write_text("{}")
+    args = svb.parser().parse_args(["--model", str(tmp_path), "--label", "g", "--out", str(tmp_path / "o"),
+                                    "--concurrency", "2", "--requests", "6", "--max-tokens", "4"])
+    with VLLMStreamDouble() as double:
+        load = svb.Bench(args).load(double.base_url, "bare", like_proxy=False)
+    [level] = load["levels"]
+    assert level["ok"] == 6 and level["gpu"]["error"].startswith("NVML unavailable: ")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="on a GPU machine this would really serve")
 def test_dry_run_without_gpu_records_the_failed_start_and_merges_calls(tmp_path, tiny_model):
