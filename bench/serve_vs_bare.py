@@ -105,6 +105,13 @@ RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"  # the same patch's recording pro
 EARLY_VAR = "RFTSTACK_PROXY_BUILDERS_EARLY"  # patches/trinity-proxy-builders-early.patch: 1 (default) or 0
 from rftstack.doctor.netstat import free_port
 
+def engine_direct_request(env: dict) -> str:
+    """What the proxy sends its engine, so what the engine-direct loads send: the fields with numeric logprobs while
+    the numeric-logprobs patch is on (its default), the fields with JSON logprobs where ``env`` switches it off.
+    Until session AN these loads sent the JSON fields whatever the proxy sent (a costlier request for the engine)."""
+    return loadgen.NUMERIC if env.get(NUMERIC_VAR, "1") != "0" else "json"
+
+
 # the phases that run `trinity` with variables set (a patch switched off, or another executor):
 # name -> {variable: value}; the runner, its Ray head and Trinity's actors inherit them
 SWITCHED = {
@@ -407,7 +414,7 @@ class Bench:
         self.procs.append(p)
         return p
 
-    def load(self, base_url: str, label: str, *, like_proxy: bool, model: str | None = None,
+    def load(self, base_url: str, label: str, *, like_proxy: bool | str, model: str | None = None,
              spread: float = 0.0) -> dict:
         """The load levels (the spread levels when ``spread``), bounded by the budget left (keeps
         ``reserve_s`` for the rest)."""
@@ -515,12 +522,14 @@ class Bench:
             try:  # the proxy's figures above are kept whatever happens here
                 engines = find_openai_servers(listening_ports() - before, exclude={proxy})
                 r["engine_urls"] = engines
+                request = r["engine_direct_request"] = engine_direct_request(self.env())
+                fields: bool | str = loadgen.NUMERIC if request == loadgen.NUMERIC else True
                 if engines and name == "trinity" and not self.args.no_like_proxy:
-                    r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=True,
+                    r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=fields,
                                                         model=r["ready"]["model"])
                 if engines and name == "trinity" and self.args.spread and self.args.engine_direct_spread:
                     # the proxy's request sent straight to its engine, spread lengths: in the engine or in the proxy?
-                    r["load_engine_direct_spread"] = self.load(engines[0], "trinity-engine-direct-spread", like_proxy=True,
+                    r["load_engine_direct_spread"] = self.load(engines[0], "trinity-engine-direct-spread", like_proxy=fields,
                                                                model=r["ready"]["model"], spread=self.args.spread)
             except Exception as exc:
                 r["engine_direct_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -744,7 +753,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup-level", default="", metavar="C:N",
                     help="N unmeasured requests at concurrency C before each phase's measured levels (e.g. 32:512)")
     ap.add_argument("--engine-direct-spread", action="store_true",
-                    help="with --spread: also send the proxy's request (logprobs, token ids) straight to trinity's engine "
+                    help="with --spread: also send the proxy's request (logprobs, token ids; numeric logprobs unless "
+                         "RFTSTACK_PROXY_NUMERIC_LOGPROBS=0) straight to trinity's engine "
                          "at the spread levels, after the proxy's loads (where a loss with spread lengths lies)")
     ap.add_argument("--no-like-proxy", action="store_true", help="skip the like-proxy / engine-direct load runs")
     ap.add_argument("--ready-only", action="store_true", help="time to ready only, no load (e.g. a warm-cache rerun)")

@@ -89,17 +89,29 @@ def test_the_engine_at_spread_lengths():
     t = text()
     assert (f"served {engine[0]:.2f} / {engine[1]:.2f} of bare's spread levels (c=32 / c=64); the proxy "
             f"{proxy[0]:.2f} / {proxy[1]:.2f}, so {of_engine[0]:.2f} / {of_engine[1]:.2f} of its own engine") in t
-    assert of_engine[1] >= 1 > engine[1]  # "at c=64 spread the whole distance lay in the engine this time"
+    # neither session's engine-direct load sent the proxy's own request: the JSON fields, where the proxy asks for
+    # numeric logprobs (its patch on: no switch in the run's environment)
+    am_run = json.loads((REPO / "bench" / "results" / "gpu-2026-12-07am" / "serve-qwen3b-spread-direct.json").read_text())
+    for run in (one, am_run):
+        assert run["phases"]["trinity"][DIRECT]["params"]["like_proxy"] is True
+        assert run["settings"]["env"].get("RFTSTACK_PROXY_NUMERIC_LOGPROBS") is None
+        assert "engine_direct_request" not in run["phases"]["trinity"]  # recorded since the fix
+    serve, _, _ = windows()
+    costlier = {c: rate(serve[c], "engine") / rate(serve[c], "engine_numeric") for c in ("64", "32")}
+    assert max(costlier.values()) < 1
+    assert f"the engine served the JSON fields at {costlier['64']:.2f} / {costlier['32']:.2f} of the numeric ones (c=64 / c=32)" in t
+    assert f"its engine served the JSON fields at {costlier['64']:.2f} of the numeric ones at c=64 in AN2's windows" \
+        in flat(doc_section("### AN1.", GPU_DOC))
     am = json.loads((REPO / "bench" / "results" / "gpu-2026-12-07am" / "serve-qwen3b-spread-direct.json").read_text())
     am_engine = tok(am, "trinity", DIRECT, 64) / tok(am, "bare", SPREAD, 64)
     am_proxy = tok(am, "trinity", SPREAD, 64) / tok(am, "trinity", DIRECT, 64)
     assert f"in session AM's run the engine served {am_engine:.2f} and the proxy {am_proxy:.2f} of it" in t
-    assert f"the engine sent the proxy's request at spread lengths {engine[0]:.2f} / {engine[1]:.2f} of bare" \
+    assert f"the engine sent the proxy's fields at spread lengths {engine[0]:.2f} / {engine[1]:.2f} of bare" \
         in flat(GPU_DOC.read_text())
     assert f"The engine at spread: {engine[0]:.2f} / {engine[1]:.2f} of bare (c=32 / c=64), the proxy " \
            f"{of_engine[0]:.2f} / {of_engine[1]:.2f} of its engine" in flat(doc_section("### AN1.", GPU_DOC))
     preface = flat(BENCH_DOC.read_text().split("## 1. Serving")[0])
-    assert f"request at spread lengths served {engine[0]:.2f} / {engine[1]:.2f} of bare this time" in preface
+    assert f"fields at spread lengths served {engine[0]:.2f} / {engine[1]:.2f} of bare this time" in preface
 
 
 def test_bare_moved_and_the_ready_figures():
