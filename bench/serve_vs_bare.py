@@ -409,6 +409,11 @@ class Bench:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
         return env
 
+    def proxy_fields(self) -> tuple[str, bool | str]:
+        """(its name, loadgen's like_proxy) of the request the proxy sends its engine in this bench's environment."""
+        request = engine_direct_request(self.env())
+        return request, (loadgen.NUMERIC if request == loadgen.NUMERIC else True)
+
     def spawn(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
         p = Proc(argv, self.logs / f"{self.args.label}-{name}.log", env or self.env(), cwd=self.work)
         self.procs.append(p)
@@ -462,8 +467,9 @@ class Bench:
         if r["ready"]["ready"] and not self.args.ready_only:
             self.warm_up(r, base, "bare", r["ready"]["model"])
             r["load"] = self.load(base, "bare", like_proxy=False, model=r["ready"]["model"])
-            if not self.args.no_like_proxy:
-                r["load_like_proxy"] = self.load(base, "bare-like-proxy", like_proxy=True, model=r["ready"]["model"])
+            if not self.args.no_like_proxy:  # bare sent what the proxy sends its engine (the installed vLLM's patch)
+                r["like_proxy_request"], fields = self.proxy_fields()
+                r["load_like_proxy"] = self.load(base, "bare-like-proxy", like_proxy=fields, model=r["ready"]["model"])
             if self.args.spread:
                 r["load_spread"] = self.load(base, "bare-spread", like_proxy=False, model=r["ready"]["model"],
                                              spread=self.args.spread)
@@ -522,8 +528,7 @@ class Bench:
             try:  # the proxy's figures above are kept whatever happens here
                 engines = find_openai_servers(listening_ports() - before, exclude={proxy})
                 r["engine_urls"] = engines
-                request = r["engine_direct_request"] = engine_direct_request(self.env())
-                fields: bool | str = loadgen.NUMERIC if request == loadgen.NUMERIC else True
+                r["engine_direct_request"], fields = self.proxy_fields()
                 if engines and name == "trinity" and not self.args.no_like_proxy:
                     r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=fields,
                                                         model=r["ready"]["model"])

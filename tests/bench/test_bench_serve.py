@@ -473,8 +473,8 @@ def test_engine_direct_spread_without_spread_is_one_sentence(tmp_path, tiny_mode
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
 
 
-def test_the_engine_direct_loads_send_what_the_proxy_sends(tmp_path):
-    """The engine reached directly gets the proxy's own request: the fields with numeric logprobs while the
+def test_the_engine_direct_loads_send_what_the_proxy_sends(tmp_path, monkeypatch):
+    """The engine reached directly, and bare's like-proxy load, get the proxy's own request: the fields with numeric logprobs while the
     numeric-logprobs patch is on (its default), the JSON fields where the bench's environment switches it off
     (sessions AM and AN sent the JSON fields whatever the proxy sent). The numeric request carries the patch's
     mark, as a TEST DOUBLE of vLLM's server receives it through Bench.load."""
@@ -486,7 +486,11 @@ def test_the_engine_direct_loads_send_what_the_proxy_sends(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     args = svb.parser().parse_args(["--model", str(tmp_path), "--label", "n", "--out", str(tmp_path / "o"),
                                     "--concurrency", "2", "--requests", "4", "--max-tokens", "4"])
+    bench = svb.Bench(args)
+    assert bench.proxy_fields() == (svb.loadgen.NUMERIC, svb.loadgen.NUMERIC)
     with VLLMStreamDouble() as double:
-        svb.Bench(args).load(double.base_url, "trinity-engine-direct", like_proxy=svb.loadgen.NUMERIC)
+        bench.load(double.base_url, "trinity-engine-direct", like_proxy=bench.proxy_fields()[1])
         bodies = list(double.bodies)
     assert bodies and all(b["vllm_xargs"] == {"rftstack_logprobs_numeric": 1} and b["logprobs"] is True for b in bodies)
+    monkeypatch.setenv(svb.NUMERIC_VAR, "0")  # the proxy switched back to upstream's logprobs objects
+    assert bench.proxy_fields() == ("json", True)
