@@ -56,8 +56,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import engine_metrics  # noqa: E402
-import loadgen  # noqa: E402
 import gpu_busy  # noqa: E402
+import loadgen  # noqa: E402
 import proc_cpu  # noqa: E402
 import proxy_profile as pp  # noqa: E402
 import serve_vs_bare as svb  # noqa: E402

@@ -105,6 +105,7 @@ RECORD_VAR = "RFTSTACK_PROXY_RECORD_PROCESSES"  # the same patch's recording pro
 EARLY_VAR = "RFTSTACK_PROXY_BUILDERS_EARLY"  # patches/trinity-proxy-builders-early.patch: 1 (default) or 0
 from rftstack.doctor.netstat import free_port
 
+
 def engine_direct_request(env: dict) -> str:
     """What the proxy sends its engine, so what the engine-direct loads send: the fields with numeric logprobs while
     the numeric-logprobs patch is on (its default), the fields with JSON logprobs where ``env`` switches it off.
@@ -528,7 +529,9 @@ class Bench:
             try:  # the proxy's figures above are kept whatever happens here
                 engines = find_openai_servers(listening_ports() - before, exclude={proxy})
                 r["engine_urls"] = engines
-                r["engine_direct_request"], fields = self.proxy_fields()
+                request, fields = self.proxy_fields()
+                if engines and name == "trinity" and (not self.args.no_like_proxy or self.args.engine_direct_spread):
+                    r["engine_direct_request"] = request
                 if engines and name == "trinity" and not self.args.no_like_proxy:
                     r["load_engine_direct"] = self.load(engines[0], "trinity-engine-direct", like_proxy=fields,
                                                         model=r["ready"]["model"])

@@ -95,7 +95,7 @@ def table(result: dict, stacks: Path, frames: tuple[str, ...] = FRAMES, level: s
     lines = [head, "|" + "---|" * (3 + len(frames))]
     found = rows(result, stacks, frames, level, process)
     if not found:
-        raise SystemExit(f"stack_frames: no profile window in this result profiled {process or 'a frontend'}; "
+        raise ValueError(f"stack_frames: no profile window in this result profiled {process or 'a frontend'}; "
                          "give a target that serve_profile.py --py-spy recorded")
     for name, target, ms in found:
         lines.append(f"| {name} | {target.strip('*')} | {ms['*']:.2f} | " + " | ".join(f"{ms[f]:.2f}" for f in frames) + " |")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         print(table(json.loads(args.result.read_text()), args.stacks, tuple(args.frame or FRAMES), args.level, args.process))
-    except SystemExit as e:
+    except ValueError as e:  # no window profiled the process asked for
         print(e, file=sys.stderr)
         return 2
     return 0
