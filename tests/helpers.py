@@ -49,6 +49,11 @@ def answered_level(run: dict, phase: str, key: str, c: int) -> dict:
     return lv
 
 
+def answered_tok_s(run: dict, phase: str, key: str, c: int) -> float:
+    """:func:`answered_level`'s output tokens/s."""
+    return answered_level(run, phase, key, c)["output_tokens_per_s"]
+
+
 def named_runs(section: str) -> list[tuple[str, dict]]:
     """The result files a docs section lists as ``- `bench/results/....json`: ...`` lines, in its order, each with its
     JSON: the runs a section's table is computed from (bench/run_spread.py)."""

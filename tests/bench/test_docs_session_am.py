@@ -14,6 +14,7 @@ import run_spread  # bench/
 from summary_table import p99_ratio  # bench/
 from helpers import REPO
 from helpers import answered_level as level
+from helpers import answered_tok_s as tok
 from helpers import doc_section, flat
 
 RESULTS = REPO / "bench" / "results" / "gpu-2026-12-07am"
@@ -38,10 +39,6 @@ def result(name: str) -> dict:
 
 def runs() -> tuple[dict, dict]:
     return result("serve-qwen3b-spread-direct.json"), result("serve-qwen3b-abba2.json")
-
-
-def tok(run: dict, phase: str, key: str, c: int) -> float:
-    return level(run, phase, key, c)["output_tokens_per_s"]
 
 
 def pct(x: float) -> str:

@@ -6,6 +6,7 @@ and docs/gpu-logs/2026-12-07an/ hold; every table is the output of the bench/ sc
 from __future__ import annotations
 
 import json
+import re
 
 import engine_table  # bench/
 import profile_table  # bench/
@@ -13,7 +14,7 @@ import run_spread  # bench/
 import stack_frames  # bench/
 from summary_table import p99_ratio  # bench/
 from helpers import REPO
-from helpers import answered_level as level
+from helpers import answered_tok_s as tok
 from helpers import doc_section, flat
 
 RESULTS = REPO / "bench" / "results" / "gpu-2026-12-07an"
@@ -43,10 +44,6 @@ def text() -> str:
 
 def result(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
-
-
-def tok(run: dict, phase: str, key: str, c: int) -> float:
-    return level(run, phase, key, c)["output_tokens_per_s"]
 
 
 def ready(run: dict) -> dict[str, float]:
@@ -235,8 +232,9 @@ def test_the_workers_extra_is_waiting():
 
 def test_the_session_record():
     steps = [(LOGS / f).read_text() for f in ("steps-1.txt", "steps-2.txt", "steps.txt")]
-    ran = [ln.split()[2:] for s in steps for ln in s.splitlines() if " end " in ln]
-    assert [(r[0], r[1], r[2]) for r in ran] == [
+    each = [[ln.split()[2:5] for ln in s.splitlines() if " end " in ln] for s in steps]  # per host_session.sh call
+    ran = [tuple(r) for call in each for r in call]
+    assert ran == [
         ("proxy3b-spread-direct", "rc=0", "306"), ("proxy3b-abba", "rc=0", "191"), ("engine3b-profile", "rc=0", "337"),
         ("engine3b-fork0", "rc=0", "169"), ("proxy3b-abba-2", "rc=0", "213"), ("ready-3b-late", "rc=0", "163")]
     for s in steps:
@@ -245,10 +243,9 @@ def test_the_session_record():
     assert "bundle d22ae0668627: installed 191 wheels" in (LOGS / "install.log").read_text()
     code = "# on the GPU host (tests/gpu/device/: kit.sh here, go.sh there), one machine, in this order:"
     assert code in section()
-    for line, (name, _, secs) in zip(("proxy3b-spread-direct proxy3b-abba   # 306 s, 191 s",
-                                      "engine3b-profile engine3b-fork0                 # 337 s, 169 s",
-                                      "proxy3b-abba ready-3b-late           # 213 s, 163 s"), [r[:3] for r in ran[1::2]]):
-        assert line in section() and f"{secs} s" in line
+    for (a, _, sa), (b, _, sb) in each:  # each call's command line in the section, with both steps' seconds
+        a, b = a.removesuffix("-2"), b.removesuffix("-2")  # the step's own name on the command line
+        assert re.search(rf"host_session\.sh {a} {b} +# {sa} s, {sb} s$", section(), re.M), (a, b)
     assert result(RUNS[2])["label"] == "qwen3b-abba1-2"  # host_session.sh's name for a step run again
     assert "the second proxy3b-abba of one LOGS is written as proxy3b-abba-2, its label qwen3b-abba1-2" in section()
     assert "session AN ran `PY_SPY=/tmp/py-spy bash tests/gpu/host_session.sh engine3b-profile engine3b-fork0`" \
