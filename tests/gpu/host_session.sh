@@ -115,6 +115,13 @@
 #              logprobs, then py-spy (PY_SPY) on the serve's Explorer, engine actor, EngineCore and worker (a proxy window)
 #              and on bare's API server, EngineCore and worker (a window of numeric fields) at c=64
 #              (with RFTSTACK_ENGINE_LOG_STATS=1: the serve's windows carry its engine's account from /metrics too)
+#   interleave3b  rftstack serve and bare `vllm serve` up together on the GPU (0.4 of its memory each,
+#              RFTSTACK_ENGINE_LOG_STATS=1), the long runs' levels (c=32/64, equal and 0.75-spread lengths, 16
+#              requests a client) sent to one, then the other, INTERLEAVE_ROUNDS (default 4) times, the order turned
+#              each round (bench/interleave.py): the ratio with the drift between two servers' starts taken out;
+#              INTERLEAVE_ARGS adds arguments (e.g. --requests-per-client 32)
+#   interleave3b-engine  the same with four paths, 0.22 of the memory each: through the proxy, Trinity's engine
+#              directly (the proxy's own request), bare, and bare with TRINITY_ENGINE_ARGS
 #   engine3b-fork0  the serve only, its vLLM worker spawned rather than forked from the engine actor
 #              (RFTSTACK_VLLM_FORK_WORKERS=0): whether the fork is what costs the serve's worker its CPU per response
 #              (its engine's statistics on, as in engine3b-profile)
@@ -342,6 +349,13 @@ for step in "${steps[@]}"; do
         engine3b-profile) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-profile-qwen3b.json" \
                  --concurrency 32,64 --window-s 12 --bare --numeric --py-spy "${PY_SPY:-py-spy}" --bare-profile-requests numeric \
                  --bare-variants "$TRINITY_ENGINE_ARGS" ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        interleave3b) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
+                 --out "$LOGS/bench/interleave-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" ${INTERLEAVE_ARGS:-} \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        interleave3b-engine) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
+                 --out "$LOGS/bench/interleave-engine-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" \
+                 --engine-direct --gpu-util 0.22 --bare-variants "$TRINITY_ENGINE_ARGS" ${INTERLEAVE_ARGS:-} \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         engine3b-fork0) wait; RFTSTACK_VLLM_FORK_WORKERS=0 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py \
                  --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-fork0-qwen3b.json" --concurrency 32,64 --window-s 12 \
                  --numeric ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;

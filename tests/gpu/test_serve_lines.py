@@ -70,7 +70,7 @@ def test_host_session_writes_them_after_each_step():
 def test_watch_brings_the_serve_lines_back_and_prints_each_steps_levels(tmp_path):
     """watch.sh itself, on a LOGS laid out as on the host (GS): its archive holds the serve lines, the step logs and
     the results; it prints serve_profile.py's window lines (`resp/s`, which session AN's first polls left out) and
-    the load generator's beside the steps. No nvidia-smi here: its line is left out, the exit stays 0."""
+    the load generator's and interleave.py's beside the steps. No nvidia-smi here: its line is left out, the exit stays 0."""
     import tarfile
 
     gs, out = tmp_path / "gs", tmp_path / "out"
@@ -78,6 +78,7 @@ def test_watch_brings_the_serve_lines_back_and_prints_each_steps_levels(tmp_path
     write(gs / "steps.txt", "2026-12-07T10:05:16Z end engine3b-profile rc=0 337 s", "2026-12-07T10:05:16Z all done")
     write(gs / "engine3b-profile.log", "[serve_profile 10:00:43] c=32 proxy: 102.71 resp/s, p50 0.3106 s", "noise")
     write(gs / "proxy3b-abba.log", "[serve_vs_bare x] [loadgen bare] c=64: 2048/2048 ok, 12764.04 tok/s")
+    write(gs / "interleave3b.log", "[interleave 14:01:02] round 2 c=64 spread trinity: 9876.5 tok/s, p99 0.5 s")
     write(gs / "rl-serve-lines.txt", READY)
     write(gs / "bench" / "serve-x.json", "{}")
     write(tmp_path / "install.log", "installed")
@@ -85,6 +86,7 @@ def test_watch_brings_the_serve_lines_back_and_prints_each_steps_levels(tmp_path
                        timeout=60, env={**os.environ, "GS": str(gs), "OUT": str(out)})  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "all done" in r.stdout and "c=32 proxy: 102.71 resp/s" in r.stdout and "12764.04 tok/s" in r.stdout
+    assert "round 2 c=64 spread trinity: 9876.5 tok/s" in r.stdout  # bench/interleave.py's levels
     assert "noise" not in r.stdout
     with tarfile.open(out / "gs.tgz") as tar:
         names = set(tar.getnames())

@@ -3,7 +3,7 @@
 # benchmarks' JSON to $OUT every 10 s, so that a call cut short (or the machine lost right after it) still
 # brings back what was there (session L lost two runs' results to polling calls that copied only at the end).
 # Call it back to back (the machine goes back after 30 s idle); the last lines of each step's log are printed:
-# the load generator's levels, serve_profile.py's windows (`resp/s`), the tests' verdicts. GS (default /tmp/gs)
+# the load generator's levels, serve_profile.py's windows (`resp/s`), interleave.py's levels, the tests' verdicts. GS (default /tmp/gs)
 # is host_session.sh's LOGS; the archive keeps its folder name and takes install.log and patches.log beside it.
 gs=${GS:-/tmp/gs}
 end=$(( $(date +%s) + ${1:-240} ))
@@ -19,6 +19,6 @@ while :; do
     sleep 10
 done
 cat "$gs/steps.txt" 2>/dev/null
-for f in "$gs"/*.log; do [ -f "$f" ] && { echo "== $f"; grep -E "loadgen|resp/s|done|PASS|FAIL|passed|failed" "$f" | tail -6; }; done
+for f in "$gs"/*.log; do [ -f "$f" ] && { echo "== $f"; grep -E "loadgen|interleave|resp/s|done|PASS|FAIL|passed|failed" "$f" | tail -6; }; done
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
 true

@@ -1,0 +1,340 @@
+"""Trinity's proxy and bare vLLM on one GPU at the same time, their loads interleaved (GPU host).
+
+Every long run so far started bare ``vllm serve``, loaded it for minutes, stopped it, then did the same with
+``rftstack serve`` (or the other way round), and from one such run to the next on one machine bare itself moved by up
+to 19 % (docs/benchmarks.md section 1, session AN). Here both servers are up together, each given ``--gpu-util`` of the
+GPU's memory, and the load goes to one at a time: at each level (c=32 and c=64, equal lengths and with ``--spread``
+spread lengths, loadgen's requests as in the long runs) one path, then the next, ``--rounds`` times, the paths' order
+turned by one each round (A B, B A, A B, ...). What drifts with time (the GPU's clocks and heat, the host's other
+work, the compile cache) then falls on both alike, and each round gives one ratio measured seconds apart.
+
+Paths: ``trinity`` (through Trinity's proxy, plain requests, as users call it), ``bare`` (``vllm serve`` as it comes),
+with ``--engine-direct`` ``engine`` (the proxy's own request straight to Trinity's engine: serve_vs_bare.py's
+``engine_direct_request``), and one ``bare:ARGS`` path per ``--bare-variants`` entry (``vllm serve`` with those
+arguments, started beside the others). Every level records the machine's CPU and steal, how busy the GPU was
+(bench/gpu_busy.py) and, where the server keeps vLLM's statistics, the engine's own account (bench/engine_metrics.py;
+the serve's with ``RFTSTACK_ENGINE_LOG_STATS=1``).
+
+    python3 bench/interleave.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/interleave-qwen3b.json \\
+        [--rounds 4] [--requests-per-client 16] [--spread 0.75] [--gpu-util 0.4] [--engine-direct]
+    python3 bench/interleave.py --table RESULT.json      # the figures as a Markdown table (docs/benchmarks.md)
+
+Writes the JSON after every level, and each server's log next to it. Everything it started is stopped at the end,
+on an error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import engine_metrics  # noqa: E402
+import loadgen  # noqa: E402
+import serve_profile as sp  # noqa: E402
+import serve_vs_bare as svb  # noqa: E402
+
+REFERENCE = "bare"  # the path every other path's figures are measured against
+
+
+@dataclass
+class LoadPath:
+    """One way to send the load: its name, the server's base URL, the request (loadgen's ``like_proxy``), the model
+    name to ask for and, where its engine keeps vLLM's statistics, that engine's base URL."""
+
+    name: str
+    url: str
+    request: bool | str
+    model: str
+    metrics_url: str | None = None
+
+
+def level_specs(levels: list[int], spread_levels: list[int], spread: float) -> list[tuple[str, int, float]]:
+    """(key, concurrency, spread) of every level a round runs: the equal lengths first, then the spread ones."""
+    specs = [(f"c={c} equal", c, 0.0) for c in levels]
+    if spread:
+        specs += [(f"c={c} spread", c, spread) for c in spread_levels]
+    return specs
+
+
+def order_for(names: list[str], round_no: int) -> list[str]:
+    """The paths' order in round ``round_no`` (1-based): turned by one each round, so that with two paths every
+    other round starts with the other, and with more each path leads in turn."""
+    k = (round_no - 1) % len(names)
+    return names[k:] + names[:k]
+
+
+def engine_account(url: str | None, before: dict | None, wall_s: float) -> dict | None:
+    """The engine's own account of a level from two scrapes of its /metrics, or one phrase why there is none."""
+    if not url or before is None:
+        return None
+    try:
+        return engine_metrics.window(before, engine_metrics.scrape(url), wall_s)
+    except Exception as e:  # the server went away mid-level: the level's own error counts say so
+        return {"error": f"/metrics unreadable after the level: {type(e).__name__}: {e}"}
+
+
+def run_level(path: LoadPath, c: int, spread: float, requests: int, args) -> dict:
+    """One level of loadgen's closed loop against ``path`` (with the GPU's busy share), and its engine's account."""
+    before = None
+    if path.metrics_url:
+        try:
+            before = engine_metrics.scrape(path.metrics_url)
+        except Exception:
+            before = None
+    t0 = time.monotonic()
+    res = asyncio.run(loadgen.run(
+        path.url, levels=[c], requests=requests, max_tokens=args.max_tokens, model=path.model,
+        label=f"{path.name} c={c}", like_proxy=path.request, level_timeout_s=args.level_timeout,
+        request_timeout_s=min(120.0, args.level_timeout), spread=spread, gpu=True))
+    level = res["levels"][0]
+    eng = engine_account(path.metrics_url, before, time.monotonic() - t0)
+    if eng is not None:
+        level["engine"] = eng
+    return level
+
+
+def run_rounds(paths: list[LoadPath], args, result: dict, save, say) -> None:
+    """``args.rounds`` rounds of every level, each level's paths back to back in the round's order; the levels
+    under ``result["rounds"]`` as ``[{key: {path: loadgen level}}]``, saved after each."""
+    specs = level_specs(args.levels, args.spread_levels, args.spread)
+    names = [p.name for p in paths]
+    by_name = {p.name: p for p in paths}
+    result["paths"] = {p.name: {"url": p.url, "request": p.request, "model": p.model, "engine_stats": bool(p.metrics_url)}
+                       for p in paths}
+    result["levels"] = [{"key": k, "concurrency": c, "spread": s} for k, c, s in specs]
+    result["rounds"] = []
+    for round_no in range(1, args.rounds + 1):
+        order = order_for(names, round_no)
+        got: dict = {"order": order, "levels": {}}
+        result["rounds"].append(got)
+        for key, c, spread in specs:
+            lv = got["levels"][key] = {}
+            for name in order:
+                lv[name] = run_level(by_name[name], c, spread, args.requests_per_client * c, args)
+                say(f"round {round_no} {key} {name}: {lv[name]['output_tokens_per_s']} tok/s, p99 "
+                    f"{lv[name]['latency_s']['p99']} s, {lv[name]['ok']}/{lv[name]['requests']} ok"
+                    + (f", {sp.gpu_busy.line(lv[name]['gpu'])}" if "gpu" in lv[name] else ""))
+                save()
+
+
+class Missing(ValueError):
+    """A result file without the figures asked of it (one sentence: which, and where)."""
+
+
+def figures(result: dict) -> dict:
+    """Per level key and per path other than bare: each round's throughput ratio (output tokens/s over bare's in the
+    same round), their range, the pooled ratio (the path's tokens over every round against bare's, each over its own
+    wall time summed) and each round's p99 ratio."""
+    rounds = result.get("rounds") or []
+    done = [r for r in rounds if all(REFERENCE in lv for lv in r.get("levels", {}).values())]
+    if not done:
+        raise Missing("the result holds no round with a bare level; was the run stopped before its first round?")
+    out: dict = {}
+    for spec in result["levels"]:
+        key = spec["key"]
+        paths = [n for n in result["paths"] if n != REFERENCE]
+        out[key] = {}
+        for name in paths:
+            pairs = [(r["levels"][key][name], r["levels"][key][REFERENCE]) for r in done
+                     if key in r["levels"] and name in r["levels"][key] and REFERENCE in r["levels"][key]]
+            pairs = [(a, b) for a, b in pairs if a["ok"] == a["requests"] and b["ok"] == b["requests"]]
+            if not pairs:
+                continue
+            ratios = [a["output_tokens_per_s"] / b["output_tokens_per_s"] for a, b in pairs]
+            p99 = [a["latency_s"]["p99"] / b["latency_s"]["p99"] for a, b in pairs]
+            tok = lambda lvs: sum(x["output_tokens"] for x in lvs) / sum(x["wall_s"] for x in lvs)  # noqa: E731
+            out[key][name] = {"rounds": ratios, "min": min(ratios), "max": max(ratios),
+                              "pooled": tok([a for a, _ in pairs]) / tok([b for _, b in pairs]),
+                              "p99_rounds": p99, "bare_tok_s": [b["output_tokens_per_s"] for _, b in pairs]}
+    return out
+
+
+def table(result: dict) -> str:
+    """The figures as Markdown: one row per level and path, each round's ratio, the range, pooled, and the p99
+    ratios; bare's own tokens/s from round to round beside them (what drift the interleaving took out)."""
+    figs = figures(result)
+    n = max(len(v["rounds"]) for lv in figs.values() for v in lv.values())
+    head = ["level", "path", *(f"round {i}" for i in range(1, n + 1)), "range", "pooled", "p99 ratio (range)",
+            "bare tok/s (range)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, per in figs.items():
+        for name, f in per.items():
+            cells = [f"{x:.2f}" for x in f["rounds"]] + ["-"] * (n - len(f["rounds"]))
+            rows.append("| " + " | ".join([key, name, *cells, f"{f['min']:.2f}-{f['max']:.2f}", f"{f['pooled']:.2f}",
+                                           f"{min(f['p99_rounds']):.2f}-{max(f['p99_rounds']):.2f}",
+                                           f"{min(f['bare_tok_s']):.0f}-{max(f['bare_tok_s']):.0f}"]) + " |")
+    return "\n".join(rows)
+
+
+def start_serve(args, out: Path, stack: ExitStack, result: dict, say) -> list[LoadPath]:
+    """`rftstack serve` of the report's config at ``--gpu-util``; its paths (through the proxy, and with
+    ``--engine-direct`` its engine directly). Stopped, with its Ray, when ``stack`` closes."""
+    work = out.parent / f"{out.stem}-work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    port = svb.free_port()
+    cfg = svb.trinity_config(work / "serve.yaml", model=Path(args.model).resolve(), label=out.stem,
+                             max_model_len=args.max_model_len, gpu_util=args.gpu_util, proxy_port=port,
+                             ckpt=work / "ckpt", db_url=None)
+    env = sp.child_env()
+    before = svb.listening_ports()
+    proc = svb.Proc([sys.executable, "-m", "rftstack", "serve", "-c", str(cfg), "--run-dir", str(work / "run"),
+                     *args.serve_args.split()], out.parent / f"{out.stem}-serve.log", env)
+    ph = result.setdefault("servers", {})["trinity"] = {"config": str(cfg)}
+
+    def stop() -> None:
+        ph["stop"] = proc.stop(grace_s=30)
+        ph["ray_stop"] = svb.ray_stop_force()
+    stack.callback(stop)
+    base = f"http://127.0.0.1:{port}"
+    ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
+    if not ph["ready"]["ready"]:
+        ph["log_tail"] = proc.tail(40)
+        raise RuntimeError(f"rftstack serve was not ready ({ph['ready'].get('error')}); its log: {proc.log}")
+    model = ph["ready"]["model"]
+    engines = svb.find_openai_servers(svb.listening_ports() - before, exclude={port})
+    stats = engines[0] if engines and engine_metrics.keeps_stats(engines[0]) else None
+    ph["engine_urls"], ph["engine_stats"] = engines, bool(stats)
+    say(f"rftstack serve ready in {ph['ready']['first_answer_s']} s; its engine's statistics "
+        f"{'on' if stats else 'off (RFTSTACK_ENGINE_LOG_STATS=1 keeps them)'}")
+    paths = [LoadPath("trinity", base, False, model, stats)]
+    if args.engine_direct:
+        if not engines:
+            raise RuntimeError("--engine-direct: no OpenAI server of Trinity's engine was found on loopback")
+        paths.append(LoadPath("engine", engines[0], svb.engine_direct_request(env), model, stats))
+    return paths
+
+
+def start_bare(args, out: Path, stack: ExitStack, result: dict, say, variant: str) -> LoadPath:
+    """Bare `vllm serve` (with ``variant``'s arguments) at ``--gpu-util``; stopped when ``stack`` closes."""
+    words = sp.bare_args(variant)
+    name = REFERENCE if not words else f"bare:{' '.join(words)}"
+    port = svb.free_port()
+    _, argv, env_extra = sp.bare_argv(args.model, port, args.gpu_util, args.max_model_len, words)
+    suffix = sp.log_name("-".join(w.lstrip("-").replace("=", "-") for w in words))
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-bare{'-' + suffix if suffix else ''}.log",
+                    {**sp.child_env(), **env_extra})
+    ph = result.setdefault("servers", {})[name] = {"argv": argv, "env": env_extra}
+    stack.callback(lambda: ph.__setitem__("stop", proc.stop(grace_s=20)))
+    base = f"http://127.0.0.1:{port}"
+    ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
+    if not ph["ready"]["ready"]:
+        ph["log_tail"] = proc.tail(40)
+        raise RuntimeError(f"{name} was not ready ({ph['ready'].get('error')}); its log: {proc.log}")
+    say(f"{name} ready in {ph['ready']['first_answer_s']} s")
+    return LoadPath(name, base, False, ph["ready"]["model"], base)
+
+
+def say(msg: str) -> None:
+    print(f"[interleave {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="interleave", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="the model directory both servers load")
+    ap.add_argument("--out", help="the result JSON (the servers' logs go next to it)")
+    ap.add_argument("--table", metavar="RESULT", help="print a result's figures as a Markdown table, run nothing")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--concurrency", default="32,64", help="the equal-length levels")
+    ap.add_argument("--spread", type=float, default=0.75, help="spread of the spread levels' lengths (0: none)")
+    ap.add_argument("--spread-levels", default="32,64")
+    ap.add_argument("--requests-per-client", type=int, default=16,
+                    help="a level's requests: this times its concurrency (the long runs: 32)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--level-timeout", type=float, default=60.0)
+    ap.add_argument("--gpu-util", type=float, default=0.4, help="each server's share of the GPU's memory")
+    ap.add_argument("--max-model-len", type=int, default=sp.MAX_MODEL_LEN)
+    ap.add_argument("--engine-direct", action="store_true", help="also the path straight to Trinity's engine")
+    ap.add_argument("--bare-variants", default="", help="';'-separated extra `vllm serve` argument sets, a path each")
+    ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
+    ap.add_argument("--ready-timeout", type=float, default=400)
+    ap.add_argument("--no-ray-stop", action="store_true", help="never `ray stop --force` (a machine shared with other Ray work)")
+    return ap
+
+
+def check(args) -> str | None:
+    """One sentence naming what is wrong with the arguments and how to fix it, or None."""
+    if not args.model or not args.out:
+        return "give --model DIR and --out RESULT.json (or --table RESULT.json to read a result)"
+    if not Path(args.model).is_dir():
+        return f"--model {args.model}: no such directory; give the model's directory (e.g. bench/model_3b.py's)"
+    try:
+        args.levels = loadgen.parse_levels(args.concurrency)
+        args.spread_levels = loadgen.parse_levels(args.spread_levels)
+    except SystemExit as exc:  # loadgen's one sentence
+        return str(exc).replace("loadgen: ", "", 1)
+    if args.rounds < 1 or args.requests_per_client < 1 or args.level_timeout <= 0:
+        return "--rounds, --requests-per-client and --level-timeout must be positive"
+    if not 0 <= args.spread < 1:
+        return f"--spread {args.spread}: give a share between 0 (no spread levels) and 1 (not included)"
+    args.variants = [v for v in args.bare_variants.split(";") if v.strip() not in ("", "default")]
+    servers = 2 + len(args.variants)
+    if not 0 < args.gpu_util or args.gpu_util * servers > 0.9:
+        return (f"--gpu-util {args.gpu_util} for {servers} servers on one GPU asks for more than 0.9 of its memory; "
+                f"give at most {0.9 / servers:.2f}")
+    if len(set(args.variants)) < len(args.variants):
+        return f"--bare-variants {args.bare_variants!r} names a variant twice; give each once"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.table:
+        try:
+            print(table(json.loads(Path(args.table).read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            why = e if isinstance(e, Missing) else f"{type(e).__name__}: {e}"
+            print(f"interleave: {args.table}: {why}; give a result file bench/interleave.py wrote", file=sys.stderr)
+            return 2
+        return 0
+    problem = check(args)
+    if problem:
+        print(f"interleave: {problem}", file=sys.stderr)
+        return 2
+    svb.RAY_STOP = not args.no_ray_stop
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+                    "command": " ".join([sys.executable, *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "model": str(Path(args.model).resolve()), "max_tokens": args.max_tokens, "gpu_util": args.gpu_util,
+                    "requests_per_client": args.requests_per_client}
+
+    def save() -> None:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    rc = 0
+    try:
+        with ExitStack() as stack:
+            paths = start_serve(args, out, stack, result, say)  # first: its doctor sees the GPU free
+            paths.append(start_bare(args, out, stack, result, say, ""))
+            for v in args.variants:
+                paths.append(start_bare(args, out, stack, result, say, v))
+            paths.sort(key=lambda p: p.name != REFERENCE)  # bare leads round 1
+            save()
+            run_rounds(paths, args, result, save, say)
+            say("rounds done; stopping the servers")
+    except RuntimeError as e:
+        result["error"] = str(e)
+        print(f"interleave: {e}", file=sys.stderr)
+        rc = 1
+    finally:
+        result["gpu_memory_after_mib"] = svb.wait_gpu_free()
+        result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        save()
+    if rc == 0:
+        print(table(result))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""bench/interleave.py's pieces that run without a GPU: the rounds' order, the rounds of real loadgen levels against
+two TEST DOUBLE OpenAI servers (bench/openai_double.py stands in for vLLM, which needs a GPU) of known speeds, the
+figures and table read from what they wrote, and bad input. Starting `rftstack serve` and `vllm serve` together
+needs the GPU host (tests/gpu/host_session.sh's interleave3b)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import interleave as il
+import proxy_overhead as po
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "interleave.py"
+
+
+def test_each_round_turns_the_order_by_one():
+    assert [il.order_for(["bare", "trinity"], r) for r in (1, 2, 3, 4)] == [
+        ["bare", "trinity"], ["trinity", "bare"], ["bare", "trinity"], ["trinity", "bare"]]
+    three = [il.order_for(["bare", "trinity", "engine"], r)[0] for r in (1, 2, 3, 4)]
+    assert three == ["bare", "trinity", "engine", "bare"]  # each path leads in turn
+
+
+def test_the_levels_are_the_long_runs_equal_then_spread():
+    assert il.level_specs([32, 64], [32, 64], 0.75) == [
+        ("c=32 equal", 32, 0.0), ("c=64 equal", 64, 0.0), ("c=32 spread", 32, 0.75), ("c=64 spread", 64, 0.75)]
+    assert il.level_specs([8], [8], 0.0) == [("c=8 equal", 8, 0.0)]
+
+
+def test_rounds_against_two_servers_of_known_speeds(tmp_path):
+    """Two TEST DOUBLE servers, the second twice as slow a token: its pooled ratio against the first ("bare") is
+    about 0.5 at every level, each round's order alternates, every level keeps loadgen's figures and the GPU's
+    phrase (no driver here), and the table is read back from the saved JSON."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fast, fast_url = po.start_double(tmp_path / "a", per_token_s=0.004)
+    slow, slow_url = po.start_double(tmp_path / "b", per_token_s=0.008)
+    out = tmp_path / "result.json"
+    result: dict = {}
+    said: list[str] = []
+    try:
+        paths = [il.LoadPath("bare", fast_url, False, "test-double-model"),
+                 il.LoadPath("trinity", slow_url, False, "test-double-model")]
+        args = SimpleNamespace(rounds=2, levels=[2, 4], spread_levels=[4], spread=0.5, requests_per_client=3,
+                               max_tokens=8, level_timeout=30.0)
+        il.run_rounds(paths, args, result, lambda: out.write_text(json.dumps(result)), said.append)
+    finally:
+        po.stop(fast)
+        po.stop(slow)
+    saved = json.loads(out.read_text())
+    assert [r["order"] for r in saved["rounds"]] == [["bare", "trinity"], ["trinity", "bare"]]
+    assert list(saved["rounds"][0]["levels"]) == ["c=2 equal", "c=4 equal", "c=4 spread"]
+    lv = saved["rounds"][1]["levels"]["c=4 spread"]["trinity"]
+    assert lv["requests"] == lv["ok"] == 12 and lv["concurrency"] == 4
+    assert lv["gpu"]["error"].startswith("NVML unavailable: ") and "engine" not in lv
+    assert len(said) == 2 * 3 * 2 and said[0].startswith("round 1 c=2 equal bare: ")
+    figs = il.figures(saved)
+    for key in ("c=2 equal", "c=4 equal", "c=4 spread"):
+        f = figs[key]["trinity"]
+        assert len(f["rounds"]) == 2 and 0.35 < f["pooled"] < 0.7, (key, f)
+        assert f["min"] <= f["pooled"] <= f["max"] or abs(f["max"] - f["min"]) < 0.05
+        assert all(p > 1.3 for p in f["p99_rounds"])  # twice the time a token: the slower tail
+    table = subprocess.run([sys.executable, str(SCRIPT), "--table", str(out)], capture_output=True, text=True)
+    assert table.returncode == 0, table.stderr
+    rows = [r for r in table.stdout.splitlines() if r.startswith("| c=")]
+    assert len(rows) == 3 and rows[0].startswith("| c=2 equal | trinity | ")
+    assert f"| {figs['c=2 equal']['trinity']['pooled']:.2f} |" in rows[0]
+
+
+def test_a_failed_request_keeps_a_round_out_of_the_figures():
+    lv = lambda ok, tok: {"ok": ok, "requests": 4, "output_tokens_per_s": tok, "output_tokens": tok,  # noqa: E731
+                          "wall_s": 1.0, "latency_s": {"p99": 1.0}}
+    result = {"paths": {"bare": {}, "trinity": {}}, "levels": [{"key": "c=4 equal"}],
+              "rounds": [{"levels": {"c=4 equal": {"bare": lv(4, 100.0), "trinity": lv(4, 90.0)}}},
+                         {"levels": {"c=4 equal": {"bare": lv(4, 100.0), "trinity": lv(3, 10.0)}}}]}
+    f = il.figures(result)["c=4 equal"]["trinity"]
+    assert f["rounds"] == [0.9] and f["pooled"] == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--model", "/nonexistent/model", "--out", "x.json"], "--model /nonexistent/model: no such directory"),
+    (["--model", ".", "--out", "x.json", "--gpu-util", "0.5"], "--gpu-util 0.5 for 2 servers"),
+    (["--model", ".", "--out", "x.json", "--gpu-util", "0.3", "--bare-variants", "--seed 1;--seed 2"],
+     "--gpu-util 0.3 for 4 servers"),
+    (["--model", ".", "--out", "x.json", "--spread", "1.5"], "--spread 1.5: give a share between 0"),
+    (["--model", ".", "--out", "x.json", "--rounds", "0"], "--rounds, --requests-per-client and --level-timeout must be positive"),
+    (["--model", ".", "--out", "x.json", "--gpu-util", "0.2", "--bare-variants", "--seed 1;--seed 1"], "names a variant twice"),
+    (["--model", ".", "--out", "x.json", "--concurrency", "a"], "concurrency"),
+    (["--out", "x.json"], "give --model DIR and --out RESULT.json"),
+])
+def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, argv, says):
+    r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("interleave: ") and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("content, says", [
+    ("{}", "holds no round with a bare level"),
+    ("not json", "JSONDecodeError"),
+])
+def test_a_table_of_a_bad_result_is_one_sentence(tmp_path, content, says):
+    f = tmp_path / "r.json"
+    f.write_text(content)
+    r = subprocess.run([sys.executable, str(SCRIPT), "--table", str(f)], capture_output=True, text=True)
+    assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.rstrip().endswith("give a result file bench/interleave.py wrote")
+
+
+def test_a_serve_that_cannot_start_is_one_sentence_and_leaves_nothing_running(tmp_path):
+    """The real `rftstack serve` on this machine (no GPU: its preflight fails): interleave says which server was not
+    ready and where its log is, exits 1, starts no bare server, and the result records the serve's stop."""
+    model = tmp_path / "model"
+    model.mkdir()
+    out = tmp_path / "r" / "result.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model), "--out", str(out), "--no-ray-stop",
+                        "--ready-timeout", "120"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("interleave: ")]
+    assert len(err) == 1 and "rftstack serve was not ready (exited with" in err[0]
+    assert err[0].endswith(str(out.parent / "result-serve.log"))
+    saved = json.loads(out.read_text())
+    assert list(saved["servers"]) == ["trinity"] and "rounds" not in saved
+    assert saved["servers"]["trinity"]["stop"]["rc"] not in (None, 0)
+    assert saved["servers"]["trinity"]["ray_stop"] == {"skipped": "--no-ray-stop"}
+    left = subprocess.run(["pgrep", "-f", str(out.parent)], capture_output=True, text=True)
+    assert left.stdout == ""
