@@ -40,6 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import engine_metrics  # noqa: E402
+import gpu_busy  # noqa: E402
 import loadgen  # noqa: E402
 import serve_profile as sp  # noqa: E402
 import serve_vs_bare as svb  # noqa: E402
@@ -124,7 +125,7 @@ def run_rounds(paths: list[LoadPath], args, result: dict, save, say) -> None:
                 lv[name] = run_level(by_name[name], c, spread, args.requests_per_client * c, args)
                 say(f"round {round_no} {key} {name}: {lv[name]['output_tokens_per_s']} tok/s, p99 "
                     f"{lv[name]['latency_s']['p99']} s, {lv[name]['ok']}/{lv[name]['requests']} ok"
-                    + (f", {sp.gpu_busy.line(lv[name]['gpu'])}" if "gpu" in lv[name] else ""))
+                    + (f", {gpu_busy.line(lv[name]['gpu'])}" if "gpu" in lv[name] else ""))
                 save()
 
 
@@ -332,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         save()
     if rc == 0:
-        print(table(result))
+        try:
+            print(table(result))
+        except Missing as e:
+            print(f"interleave: {e} ({out})", file=sys.stderr)
+            return 1
     return rc
 
 
