@@ -18,6 +18,7 @@ the serve's with ``RFTSTACK_ENGINE_LOG_STATS=1``).
     python3 bench/interleave.py --model /tmp/bench/qwen3b --out /tmp/gs/bench/interleave-qwen3b.json \\
         [--rounds 4] [--requests-per-client 16] [--spread 0.75] [--gpu-util 0.4] [--engine-direct]
     python3 bench/interleave.py --table RESULT.json      # the figures as a Markdown table (docs/benchmarks.md)
+    python3 bench/interleave.py --table RESULT.json --steps   # the engine's step rate, the GPU's busy and idle ms a step
 
 Writes the JSON after every level, and each server's log next to it. Everything it started is stopped at the end,
 on an error and on Ctrl-C.
@@ -178,6 +179,51 @@ def table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def steps(result: dict) -> dict:
+    """Per level key and path, the means over the rounds whose level has the engine's account and the GPU's busy
+    share: the engine's steps a second and tokens a step, the GPU's busy share, the time a step takes (1000 over the
+    step rate, ms), how much of it the GPU was busy (the busy share of it) and idle, and the machine's busy cores.
+    The same GPU-busy ms a step on two paths and more idle ms says the slower path loses host time between steps,
+    not GPU work."""
+    import statistics
+
+    out: dict = {}
+    for spec in result.get("levels", []):
+        key = spec["key"]
+        for name in result.get("paths", {}):
+            lvs = [r["levels"][key][name] for r in result.get("rounds", []) if name in r.get("levels", {}).get(key, {})]
+            lvs = [x for x in lvs if isinstance(x.get("engine"), dict) and x["engine"].get("steps_per_s")
+                   and "busy_pct" in x.get("gpu", {})]
+            if not lvs:
+                continue
+            sps = statistics.fmean(x["engine"]["steps_per_s"] for x in lvs)
+            busy = statistics.fmean(x["gpu"]["busy_pct"] for x in lvs)
+            step_ms = 1000 / sps
+            out.setdefault(key, {})[name] = {
+                "rounds": len(lvs), "steps_per_s": sps, "tokens_per_step": statistics.fmean(x["engine"]["tokens_per_step"] for x in lvs),
+                "gpu_busy_pct": busy, "step_ms": step_ms, "gpu_busy_ms_per_step": busy / 100 * step_ms,
+                "gpu_idle_ms_per_step": (1 - busy / 100) * step_ms,
+                "busy_cores": statistics.fmean(x["machine"]["busy_cores"] for x in lvs if "machine" in x) if any("machine" in x for x in lvs) else None}
+    if not out:
+        raise Missing("no level holds both the engine's account and the GPU's busy share (a GPU host's run with "
+                      "RFTSTACK_ENGINE_LOG_STATS=1 records them)")
+    return out
+
+
+def steps_table(result: dict) -> str:
+    """:func:`steps` as Markdown, a row per level and path."""
+    head = ["level", "path", "rounds", "engine steps/s", "tokens a step", "GPU busy %", "ms a step", "GPU-busy ms a step",
+            "GPU-idle ms a step", "host busy cores"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, per in steps(result).items():
+        for name, f in per.items():
+            cores = "-" if f["busy_cores"] is None else f"{f['busy_cores']:.2f}"
+            rows.append(f"| {key} | {name} | {f['rounds']} | {f['steps_per_s']:.1f} | {f['tokens_per_step']:.1f} | "
+                        f"{f['gpu_busy_pct']:.1f} | {f['step_ms']:.2f} | {f['gpu_busy_ms_per_step']:.2f} | "
+                        f"{f['gpu_idle_ms_per_step']:.2f} | {cores} |")
+    return "\n".join(rows)
+
+
 def start_serve(args, out: Path, stack: ExitStack, result: dict, say) -> list[LoadPath]:
     """`rftstack serve` of the report's config at ``--gpu-util``; its paths (through the proxy, and with
     ``--engine-direct`` its engine directly). Stopped, with its Ray, when ``stack`` closes."""
@@ -237,6 +283,15 @@ def start_bare(args, out: Path, stack: ExitStack, result: dict, say, variant: st
     return LoadPath(name, base, False, ph["ready"]["model"], base)
 
 
+def proxy_metrics(base: str) -> dict:
+    """Trinity's proxy's own counts (its /metrics: requests answered, experiences recorded), or one phrase why not:
+    every answer through the proxy must have become an experience."""
+    try:
+        return svb.http_json(base + "/metrics", timeout=5)[1]
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def say(msg: str) -> None:
     print(f"[interleave {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -246,6 +301,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", help="the model directory both servers load")
     ap.add_argument("--out", help="the result JSON (the servers' logs go next to it)")
     ap.add_argument("--table", metavar="RESULT", help="print a result's figures as a Markdown table, run nothing")
+    ap.add_argument("--steps", action="store_true",
+                    help="with --table: the engine's steps and the GPU's busy and idle time a step instead")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--concurrency", default="32,64", help="the equal-length levels")
     ap.add_argument("--spread", type=float, default=0.75, help="spread of the spread levels' lengths (0: none)")
@@ -293,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.table:
         try:
-            print(table(json.loads(Path(args.table).read_text())))
+            data = json.loads(Path(args.table).read_text())
+            print(steps_table(data) if args.steps else table(data))
         except (OSError, ValueError, KeyError, TypeError) as e:
             why = e if isinstance(e, Missing) else f"{type(e).__name__}: {e}"
             print(f"interleave: {args.table}: {why}; give a result file bench/interleave.py wrote", file=sys.stderr)
@@ -317,13 +375,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ExitStack() as stack:
             paths = start_serve(args, out, stack, result, say)  # first: its doctor sees the GPU free
+            proxy_url = paths[0].url
             paths.append(start_bare(args, out, stack, result, say, ""))
             for v in args.variants:
                 paths.append(start_bare(args, out, stack, result, say, v))
             paths.sort(key=lambda p: p.name != REFERENCE)  # bare leads round 1
             save()
             run_rounds(paths, args, result, save, say)
-            say("rounds done; stopping the servers")
+            result["servers"]["trinity"]["proxy_metrics"] = proxy_metrics(proxy_url)
+            say(f"rounds done; the proxy's counts: {result['servers']['trinity']['proxy_metrics']}; stopping the servers")
     except RuntimeError as e:
         result["error"] = str(e)
         print(f"interleave: {e}", file=sys.stderr)

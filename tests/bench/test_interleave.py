@@ -131,3 +131,40 @@ def test_a_serve_that_cannot_start_is_one_sentence_and_leaves_nothing_running(tm
     assert saved["servers"]["trinity"]["ray_stop"] == {"skipped": "--no-ray-stop"}
     left = subprocess.run(["pgrep", "-f", str(out.parent)], capture_output=True, text=True)
     assert left.stdout == ""
+
+
+def test_steps_split_each_step_into_gpu_busy_and_idle_time():
+    """The engine's 200 steps a second (5 ms a step) at 70 % busy: 3.5 ms of GPU work and 1.5 ms idle a step; the
+    means are over the rounds, and a level without the engine's account is left out."""
+    lv = lambda sps, busy: {"engine": {"steps_per_s": sps, "tokens_per_step": 50.0}, "gpu": {"busy_pct": busy},  # noqa: E731
+                            "machine": {"busy_cores": 2.0}}
+    result = {"paths": {"bare": {}, "trinity": {}}, "levels": [{"key": "c=64 equal"}],
+              "rounds": [{"levels": {"c=64 equal": {"bare": lv(250.0, 87.5), "trinity": lv(200.0, 70.0)}}},
+                         {"levels": {"c=64 equal": {"bare": lv(250.0, 87.5), "trinity": {"gpu": {"error": "x"}}}}}]}
+    f = il.steps(result)["c=64 equal"]
+    assert f["trinity"]["rounds"] == 1 and f["bare"]["rounds"] == 2
+    assert f["trinity"]["step_ms"] == pytest.approx(5.0)
+    assert f["trinity"]["gpu_busy_ms_per_step"] == pytest.approx(3.5)
+    assert f["trinity"]["gpu_idle_ms_per_step"] == pytest.approx(1.5)
+    assert f["bare"]["gpu_busy_ms_per_step"] == pytest.approx(3.5) and f["bare"]["gpu_idle_ms_per_step"] == pytest.approx(0.5)
+    assert "| c=64 equal | trinity | 1 | 200.0 | 50.0 | 70.0 | 5.00 | 3.50 | 1.50 | 2.00 |" in il.steps_table(result)
+
+
+def test_steps_of_a_run_without_the_engines_account_is_one_sentence(tmp_path):
+    """A run against servers without vLLM's statistics (here: a result without them) has no steps table."""
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"paths": {"bare": {}}, "levels": [{"key": "c=4 equal"}],
+                             "rounds": [{"levels": {"c=4 equal": {"bare": {"gpu": {"busy_pct": 50.0}}}}}]}))
+    r = subprocess.run([sys.executable, str(SCRIPT), "--table", str(f), "--steps"], capture_output=True, text=True)
+    assert r.returncode == 2 and "no level holds both the engine's account and the GPU's busy share" in r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_the_proxys_counts_or_why_not(tmp_path):
+    """The TEST DOUBLE has no /metrics (404): one phrase instead of the proxy's counts."""
+    double, url = po.start_double(tmp_path)
+    try:
+        got = il.proxy_metrics(url)
+    finally:
+        po.stop(double)
+    assert got["error"].startswith("HTTPError: HTTP Error 404")
