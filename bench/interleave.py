@@ -10,8 +10,9 @@ work, the compile cache) then falls on both alike, and each round gives one rati
 
 Paths: ``trinity`` (through Trinity's proxy, plain requests, as users call it), ``bare`` (``vllm serve`` as it comes),
 with ``--engine-direct`` ``engine`` (the proxy's own request straight to Trinity's engine: serve_vs_bare.py's
-``engine_direct_request``), and one ``bare:ARGS`` path per ``--bare-variants`` entry (``vllm serve`` with those
-arguments, started beside the others). Every level records the machine's CPU and steal, how busy the GPU was
+``engine_direct_request``), with ``--bare-fields`` ``bare-fields`` (that request to bare: what the fields cost bare
+itself), and one ``bare:ARGS`` path per ``--bare-variants`` entry (``vllm serve`` with those arguments, started beside
+the others). Every level records the machine's CPU and steal, how busy the GPU was
 (bench/gpu_busy.py) and, where the server keeps vLLM's statistics, the engine's own account (bench/engine_metrics.py;
 the serve's with ``RFTSTACK_ENGINE_LOG_STATS=1``).
 
@@ -292,6 +293,12 @@ def proxy_metrics(base: str) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def bare_fields_path(bare: LoadPath, env: dict) -> LoadPath:
+    """The path that sends bare the proxy's own request (serve_vs_bare.py's ``engine_direct_request`` in ``env``:
+    numeric logprobs unless the proxy's numeric-logprobs patch is switched off there)."""
+    return LoadPath("bare-fields", bare.url, svb.engine_direct_request(env), bare.model, bare.metrics_url)
+
+
 def say(msg: str) -> None:
     print(f"[interleave {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -314,6 +321,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpu-util", type=float, default=0.4, help="each server's share of the GPU's memory")
     ap.add_argument("--max-model-len", type=int, default=sp.MAX_MODEL_LEN)
     ap.add_argument("--engine-direct", action="store_true", help="also the path straight to Trinity's engine")
+    ap.add_argument("--bare-fields", action="store_true", help="also the proxy's own request sent to bare")
     ap.add_argument("--bare-variants", default="", help="';'-separated extra `vllm serve` argument sets, a path each")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
     ap.add_argument("--ready-timeout", type=float, default=400)
@@ -376,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         with ExitStack() as stack:
             paths = start_serve(args, out, stack, result, say)  # first: its doctor sees the GPU free
             proxy_url = paths[0].url
-            paths.append(start_bare(args, out, stack, result, say, ""))
+            bare = start_bare(args, out, stack, result, say, "")
+            paths.append(bare)
+            if args.bare_fields:
+                paths.append(bare_fields_path(bare, sp.child_env()))
             for v in args.variants:
                 paths.append(start_bare(args, out, stack, result, say, v))
             paths.sort(key=lambda p: p.name != REFERENCE)  # bare leads round 1

@@ -168,3 +168,21 @@ def test_the_proxys_counts_or_why_not(tmp_path):
     finally:
         po.stop(double)
     assert got["error"].startswith("HTTPError: HTTP Error 404")
+
+
+def test_bare_fields_sends_bare_the_proxys_own_request():
+    """--bare-fields's path: bare's server, the proxy's request (numeric logprobs by default, JSON where the proxy's
+    patch is switched off), and its requests reach the server so (the in-process TEST DOUBLE keeps their bodies)."""
+    import loadgen
+    from openai_double import OpenAIDouble
+
+    bare = il.LoadPath("bare", "http://127.0.0.1:1", False, "m", "http://127.0.0.1:1")
+    assert il.bare_fields_path(bare, {}).request == loadgen.NUMERIC
+    assert il.bare_fields_path(bare, {"RFTSTACK_PROXY_NUMERIC_LOGPROBS": "0"}).request == "json"
+    with OpenAIDouble() as double:
+        path = il.bare_fields_path(il.LoadPath("bare", double.base_url, False, "test-double-model"), {})
+        lv = il.run_level(path, 2, 0.0, 4, SimpleNamespace(max_tokens=4, level_timeout=30.0))
+    assert path.name == "bare-fields" and lv["ok"] == lv["requests"] == 4
+    asked = [b for b in double.bodies if b["max_tokens"] == 4]
+    assert len(asked) >= 4 and all(b["logprobs"] and b["return_token_ids"] for b in asked)
+    assert all(b["vllm_xargs"]["rftstack_logprobs_numeric"] for b in asked)

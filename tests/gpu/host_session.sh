@@ -120,8 +120,9 @@
 #              requests a client) sent to one, then the other, INTERLEAVE_ROUNDS (default 4) times, the order turned
 #              each round (bench/interleave.py): the ratio with the drift between two servers' starts taken out;
 #              INTERLEAVE_ARGS adds arguments (e.g. --requests-per-client 32)
-#   interleave3b-engine  the same with four paths, 0.22 of the memory each: through the proxy, Trinity's engine
-#              directly (the proxy's own request), bare, and bare with TRINITY_ENGINE_ARGS
+#   interleave3b-engine  the same with five paths on three servers, 0.3 of the memory each: through the proxy,
+#              Trinity's engine directly (the proxy's own request), bare, bare sent the proxy's own request, and bare
+#              with TRINITY_ENGINE_ARGS
 #   engine3b-fork0  the serve only, its vLLM worker spawned rather than forked from the engine actor
 #              (RFTSTACK_VLLM_FORK_WORKERS=0): whether the fork is what costs the serve's worker its CPU per response
 #              (its engine's statistics on, as in engine3b-profile)
@@ -354,7 +355,7 @@ for step in "${steps[@]}"; do
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         interleave3b-engine) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
                  --out "$LOGS/bench/interleave-engine-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" \
-                 --engine-direct --gpu-util 0.22 --bare-variants "$TRINITY_ENGINE_ARGS" ${INTERLEAVE_ARGS:-} \
+                 --engine-direct --bare-fields --gpu-util 0.3 --bare-variants "$TRINITY_ENGINE_ARGS" ${INTERLEAVE_ARGS:-} \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         engine3b-fork0) wait; RFTSTACK_VLLM_FORK_WORKERS=0 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/serve_profile.py \
                  --model /tmp/bench/qwen3b --out "$LOGS/bench/engine-fork0-qwen3b.json" --concurrency 32,64 --window-s 12 \
