@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import sys
 import time
 from contextlib import ExitStack
@@ -228,13 +227,7 @@ def steps_table(result: dict) -> str:
 def start_serve(args, out: Path, stack: ExitStack, result: dict, say) -> list[LoadPath]:
     """`rftstack serve` of the report's config at ``--gpu-util``; its paths (through the proxy, and with
     ``--engine-direct`` its engine directly). Stopped, with its Ray, when ``stack`` closes."""
-    work = out.parent / f"{out.stem}-work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    port = svb.free_port()
-    cfg = svb.trinity_config(work / "serve.yaml", model=Path(args.model).resolve(), label=out.stem,
-                             max_model_len=args.max_model_len, gpu_util=args.gpu_util, proxy_port=port,
-                             ckpt=work / "ckpt", db_url=None)
+    work, port, cfg = sp.serve_config(args, out)
     env = sp.child_env()
     before = svb.listening_ports()
     proc = svb.Proc([sys.executable, "-m", "rftstack", "serve", "-c", str(cfg), "--run-dir", str(work / "run"),

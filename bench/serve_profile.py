@@ -258,7 +258,9 @@ def with_engine_args(cfg: Path, engine_args: dict) -> None:
     cfg.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 
 
-def serve_phase(args, result: dict, out: Path, save) -> None:
+def serve_config(args, out: Path) -> tuple[Path, int, Path]:
+    """(its work folder, emptied; the proxy's port; the report's serve config on ``args.model`` with ``args``'s memory
+    share and context length) for a serve whose result is ``out`` (bench/interleave.py's too)."""
     work = out.parent / f"{out.stem}-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -266,6 +268,11 @@ def serve_phase(args, result: dict, out: Path, save) -> None:
     cfg = svb.trinity_config(work / "serve.yaml", model=Path(args.model).resolve(), label=out.stem,
                              max_model_len=args.max_model_len, gpu_util=args.gpu_util, proxy_port=port,
                              ckpt=work / "ckpt", db_url=None)
+    return work, port, cfg
+
+
+def serve_phase(args, result: dict, out: Path, save) -> None:
+    work, port, cfg = serve_config(args, out)
     if args.engine_args:
         with_engine_args(cfg, args.engine_args)
     env = child_env()
