@@ -146,3 +146,13 @@ def test_bare_moved_by_up_to_19_percent_between_session_ans_runs():
             for n in ("serve-qwen3b-spread-direct.json", "serve-qwen3b-abba2.json", "serve-qwen3b-abba1-2.json")]
     assert f"{(max(bare) / min(bare) - 1) * 100:.0f} %" == "19 %"
     assert "bare alone moved by up to 19 % (session AN, below)" in text()
+
+
+def test_bench_readme_says_what_the_steps_table_shows():
+    st = interleave.steps(run())
+    busy = [v["gpu_busy_ms_per_step"] for per in st.values() for v in per.values()]
+    readme = flat((REPO / "bench" / "README.md").read_text())
+    assert f"the GPU was busy the same {min(busy):.1f}-{max(busy):.1f} ms an engine step on every path" in readme
+    assert all(per["trinity"]["gpu_idle_ms_per_step"] > per["bare"]["gpu_idle_ms_per_step"] for per in st.values())
+    assert "python bench/interleave.py --table bench/results/gpu-2026-12-07ao/interleave-qwen3b.json --steps" in readme
+    assert "interleave3b-engine)" in (REPO / "tests" / "gpu" / "host_session.sh").read_text()
