@@ -143,13 +143,13 @@ def figures(result: dict) -> dict:
     if not done:
         raise Missing("the result holds no round with a bare level; was the run stopped before its first round?")
     out: dict = {}
+    paths = [n for n in result["paths"] if n != REFERENCE]
     for spec in result["levels"]:
         key = spec["key"]
-        paths = [n for n in result["paths"] if n != REFERENCE]
         out[key] = {}
         for name in paths:
             pairs = [(r["levels"][key][name], r["levels"][key][REFERENCE]) for r in done
-                     if key in r["levels"] and name in r["levels"][key] and REFERENCE in r["levels"][key]]
+                     if name in r["levels"].get(key, {})]
             pairs = [(a, b) for a, b in pairs if a["ok"] == a["requests"] and b["ok"] == b["requests"]]
             if not pairs:
                 continue
@@ -224,6 +224,16 @@ def steps_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def wait_ready(name: str, base: str, proc: svb.Proc, ph: dict, args) -> str:
+    """The model name ``proc``'s server at ``base`` answers with once ready (its readiness under ``ph["ready"]``); a
+    server not ready in ``--ready-timeout`` leaves its log's tail in ``ph`` and raises one sentence naming it and its log."""
+    ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
+    if not ph["ready"]["ready"]:
+        ph["log_tail"] = proc.tail(40)
+        raise RuntimeError(f"{name} was not ready ({ph['ready'].get('error')}); its log: {proc.log}")
+    return ph["ready"]["model"]
+
+
 def start_serve(args, out: Path, stack: ExitStack, result: dict, say) -> list[LoadPath]:
     """`rftstack serve` of the report's config at ``--gpu-util``; its paths (through the proxy, and with
     ``--engine-direct`` its engine directly). Stopped, with its Ray, when ``stack`` closes."""
@@ -239,11 +249,7 @@ def start_serve(args, out: Path, stack: ExitStack, result: dict, say) -> list[Lo
         ph["ray_stop"] = svb.ray_stop_force()
     stack.callback(stop)
     base = f"http://127.0.0.1:{port}"
-    ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
-    if not ph["ready"]["ready"]:
-        ph["log_tail"] = proc.tail(40)
-        raise RuntimeError(f"rftstack serve was not ready ({ph['ready'].get('error')}); its log: {proc.log}")
-    model = ph["ready"]["model"]
+    model = wait_ready("rftstack serve", base, proc, ph, args)
     engines = svb.find_openai_servers(svb.listening_ports() - before, exclude={port})
     stats = engines[0] if engines and engine_metrics.keeps_stats(engines[0]) else None
     ph["engine_urls"], ph["engine_stats"] = engines, bool(stats)
@@ -263,18 +269,15 @@ def start_bare(args, out: Path, stack: ExitStack, result: dict, say, variant: st
     name = REFERENCE if not words else f"bare:{' '.join(words)}"
     port = svb.free_port()
     _, argv, env_extra = sp.bare_argv(args.model, port, args.gpu_util, args.max_model_len, words)
-    suffix = sp.log_name("-".join(w.lstrip("-").replace("=", "-") for w in words))
+    _, suffix = sp.variant_names(words)
     proc = svb.Proc(argv, out.parent / f"{out.stem}-bare{'-' + suffix if suffix else ''}.log",
                     {**sp.child_env(), **env_extra})
     ph = result.setdefault("servers", {})[name] = {"argv": argv, "env": env_extra}
     stack.callback(lambda: ph.__setitem__("stop", proc.stop(grace_s=20)))
     base = f"http://127.0.0.1:{port}"
-    ph["ready"] = svb.wait_ready(base, proc, time.monotonic() + args.ready_timeout)
-    if not ph["ready"]["ready"]:
-        ph["log_tail"] = proc.tail(40)
-        raise RuntimeError(f"{name} was not ready ({ph['ready'].get('error')}); its log: {proc.log}")
+    model = wait_ready(name, base, proc, ph, args)
     say(f"{name} ready in {ph['ready']['first_answer_s']} s")
-    return LoadPath(name, base, False, ph["ready"]["model"], base)
+    return LoadPath(name, base, False, model, base)
 
 
 def proxy_metrics(base: str) -> dict:
