@@ -108,7 +108,7 @@ def test_the_ready_figures():
     t = text()
     bare, serve, uni, mp = (models_s(p) for p in ("bare", "trinity", "trinity-uni", "trinity-mp"))
     # what summary_table.py would put in the Summary's ready row from these files
-    rows = {f: v for f, v, _ in summary_table.figures(load(ABBA1), load(READY), "abba1", "ready")}
+    rows = {f: v for f, v, _ in summary_table.figures([load(ABBA1)], load(READY), ["abba1"], "ready")}
     assert rows["ready/bare warm"] == f"{serve / bare:.2f}"
     assert (f"bare {bare} s, `rftstack serve` {serve} s (**{rows['ready/bare warm']}x**), with vLLM's uni executor "
             f"{uni} s ({uni / bare:.2f}x), `mp` spawned {mp} s ({mp / bare:.2f}x)") in t

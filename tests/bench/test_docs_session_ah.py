@@ -150,4 +150,4 @@ def test_serve_md_gpu_results_and_the_summary_say_the_default():
     ratios = pairs()
     assert (f"ahead of the proxy's own building in all {len(ratios)} pairs of two long runs, by "
             f"{100 * (min(ratios) - 1):.1f} to {100 * (max(ratios) - 1):.1f} %") in summary
-    assert "They are the default since. Not an H200 run: the table below stays session P's." in summary
+    assert "They are the default since. Not an H200 run: the table stayed session P's." in summary
