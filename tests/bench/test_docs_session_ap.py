@@ -201,3 +201,15 @@ def test_the_plots_the_section_shows_are_plot_pys_from_these_runs(tmp_path):
     manual = load(READY)["phases"]["manual"]
     assert manual["compile_cache_at_ready"]["files"] - manual["compile_cache_before"]["files"] == 193
     assert "193 new files in vLLM's compile cache: not a warm start" in flat(section())
+
+
+def test_the_h200_was_the_first_since_session_y():
+    """gpu-results.md's session headings, latest first: AP's is the H200's, every one between it and session Y's an
+    H100's, and session Y's names no other card (the H200 host's)."""
+    heads = re.findall(r"^## Session (\w+) \(([^)]*)\)", GPU_DOC.read_text(), flags=re.M)
+    names = [n for n, _ in heads]
+    between = heads[names.index("AP") + 1: names.index("Y")]
+    assert heads[names.index("AP")][1].endswith("H200") and between and all(h.endswith("H100") for _, h in between)
+    assert "H100" not in heads[names.index("Y")][1]
+    for doc in (BENCH_DOC, GPU_DOC, REPO / "bench" / "README.md"):
+        assert "the first since session Y" in flat(doc.read_text()) or "For the first time since session Y" in doc.read_text()
