@@ -11,8 +11,9 @@ once, as it would in a longer run).
 bare phase of its own run; a figure a run lacks (no spread levels) is "-"; no range, no pooled value.
 
 Each run needs the `bare` and `trinity` phases with equal lengths at c=32 and c=64 and spread lengths at
-c=32 and c=64 (`--spread 0.75 --spread-levels 32,64`). The Summary table (bench/summary_table.py) is one
-run's; this is what a reader needs to weigh it: docs/benchmarks.md, "One run against the next".
+c=32 and c=64 (`--spread 0.75 --spread-levels 32,64`). The Summary table (bench/summary_table.py) gives the
+pooled value of the runs it is given (and each run's values under it); this is what a reader needs to weigh it
+beside other runs: docs/benchmarks.md, "One run against the next".
 """
 
 from __future__ import annotations
@@ -22,20 +23,15 @@ import json
 import sys
 from pathlib import Path
 
-from summary_table import MissingFigure, _level, _phase, p99_ratio
+import summary_table
+from summary_table import P99, MissingFigure, p99_ratio
 
-# (figure, phase key, concurrency): the throughput rows, proxy tokens/s over bare's
-THROUGHPUT = (
-    ("proxy/bare c=64 equal", "load", 64),
-    ("proxy/bare c=64 spread", "load_spread", 64),
-    ("proxy/bare c=32 equal", "load", 32),
-    ("proxy/bare c=32 spread", "load_spread", 32),
-)
-P99 = "p99 proxy/bare c=32"
+# (figure, phase key, concurrency): the throughput rows, proxy tokens/s over bare's: the Summary's, and c=32 spread
+THROUGHPUT = (*summary_table.THROUGHPUT, ("proxy/bare c=32 spread", "load_spread", 32))
 
 
 def _tok_s(result: dict, phase: str, key: str, c: int, where: str) -> float:
-    return float(_level(_phase(result, phase, where), key, c, where)["output_tokens_per_s"])
+    return float(summary_table._tokens(result, phase, key, c, where))
 
 
 def spread(runs: list[tuple[str, dict]]) -> dict:
@@ -110,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not sep or not phase:
                     raise MissingFigure(f"{spec!r} is not RUN.json:PHASE; name the phase after a colon")
                 result = json.loads(Path(path).read_text())
-                _phase(result, phase, path)
-                _phase(result, "bare", path)
+                summary_table._phase(result, phase, path)
+                summary_table._phase(result, "bare", path)
                 entries.append((path, phase, result))
         except (OSError, json.JSONDecodeError, MissingFigure) as exc:
             print(f"run_spread: {exc}", file=sys.stderr)

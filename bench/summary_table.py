@@ -97,7 +97,7 @@ def figures(loads: Sequence[dict], ready: dict, load_names: Sequence[str], ready
                 f"a run that started the model in both servers")
     source = " + ".join(load_names)
     rows = [(name, f"{_pooled(loads, load_names, key, c):.2f}", source) for name, key, c in THROUGHPUT]
-    rows.append((P99, f"{max(per_run(loads, load_names)[P99]):.2f}", source))
+    rows.append((P99, f"{max(p99_ratio(r, n) for r, n in zip(loads, load_names, strict=True)):.2f}", source))
     rows.append(("ready/bare warm", f"{ready_s['trinity'] / ready_s['bare']:.2f}", ready_name))
     return rows
 
@@ -120,17 +120,16 @@ def table(rows: list[tuple[str, str, str]], loads: Sequence[dict], load_names: S
           ready_name: str) -> str:
     """The table, a line with each load run's values where there are several, then one line per run it comes
     from (the load runs, then the ready run)."""
-    names = list(load_names)
     out = [TABLE_HEAD, "|---|---|"]
     out += [f"| {name} | {value} |" for name, value, _ in rows]
     out.append("")
     if len(loads) > 1:
-        values = per_run(loads, names)
+        values = per_run(loads, load_names)
         parts = [f"{name} " + ", ".join(f"{v:.2f}" for v in values[name]) for name in values]
         out.append(f"Pooled over {len(loads)} load runs (throughput: the proxy's tokens/s summed over the runs "
                    f"against bare's; p99: the highest run's); each run, in the order listed: " + "; ".join(parts) + ".")
         out.append("")
-    for source, result in [*zip(names, loads, strict=True), (ready_name, ready)]:
+    for source, result in [*zip(load_names, loads, strict=True), (ready_name, ready)]:
         note = steal_note(result) if result is not ready else ""
         out.append(f"- `{source}`: {result.get('label')}, started {result.get('started')}, `{result.get('command')}`{note}")
     return "\n".join(out) + "\n"

@@ -120,12 +120,13 @@ def test_several_load_runs_pool_throughput_and_take_the_highest_p99(capsys):
     """Two long runs (both orders): each throughput row is the proxy's tokens/s summed over the runs against bare's,
     the p99 row the higher run's, a line gives each run's values, and each run gets its source line."""
     loads = [read(p) for p in AP_LOADS]
-    rows = {f: v for f, v, _ in summary_table.figures(loads, read(f"{AP}/serve-qwen3b-warm.json"), AP_LOADS, "r")}
+    ready = read(f"{AP}/serve-qwen3b-warm.json")
+    rows = {f: v for f, v, _ in summary_table.figures(loads, ready, AP_LOADS, "r")}
+    singles = [summary_table.figures([r], ready, [n], "r") for r, n in zip(loads, AP_LOADS)]
     for figure, key, c in summary_table.THROUGHPUT:
         proxy = sum(helpers.answered_level(r, "trinity", key, c)["output_tokens_per_s"] for r in loads)
         bare = sum(helpers.answered_level(r, "bare", key, c)["output_tokens_per_s"] for r in loads)
         assert rows[figure] == f"{proxy / bare:.2f}"
-        singles = [summary_table.figures([r], read(f"{AP}/serve-qwen3b-warm.json"), [n], "r") for r, n in zip(loads, AP_LOADS)]
         values = sorted(float(dict((f, v) for f, v, _ in one)[figure]) for one in singles)
         assert values[0] - 0.01 <= float(rows[figure]) <= values[1] + 0.01  # pooled lies between the runs
     p99s = [summary_table.p99_ratio(r, n) for r, n in zip(loads, AP_LOADS)]
