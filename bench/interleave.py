@@ -11,8 +11,10 @@ work, the compile cache) then falls on both alike, and each round gives one rati
 Paths: ``trinity`` (through Trinity's proxy, plain requests, as users call it), ``bare`` (``vllm serve`` as it comes),
 with ``--engine-direct`` ``engine`` (the proxy's own request straight to Trinity's engine: serve_vs_bare.py's
 ``engine_direct_request``), with ``--bare-fields`` ``bare-fields`` (that request to bare: what the fields cost bare
-itself), and one ``bare:ARGS`` path per ``--bare-variants`` entry (``vllm serve`` with those arguments, started beside
-the others). Every level records the machine's CPU and steal, how busy the GPU was
+itself), one ``bare:ARGS`` path per ``--bare-variants`` entry (``vllm serve`` with those arguments, started beside
+the others), and one ``hop`` path per ``--hops`` entry (bench/hop.py in front of Trinity's engine, a forwarding hop
+that records nothing: ``none`` as it is, ``wait=MS`` holding each answer, ``busy=MS`` keeping its loop busy for each
+answer; which of these the engine's steps feel, where the proxy's do). Every level records the machine's CPU and steal, how busy the GPU was
 (bench/gpu_busy.py) and, where the server keeps vLLM's statistics, the engine's own account (bench/engine_metrics.py;
 the serve's with ``RFTSTACK_ENGINE_LOG_STATS=1``).
 
@@ -20,6 +22,7 @@ the serve's with ``RFTSTACK_ENGINE_LOG_STATS=1``).
         [--rounds 4] [--requests-per-client 16] [--spread 0.75] [--gpu-util 0.4] [--engine-direct]
     python3 bench/interleave.py --table RESULT.json      # the figures as a Markdown table (docs/benchmarks.md)
     python3 bench/interleave.py --table RESULT.json --steps   # the engine's step rate, the GPU's busy and idle ms a step
+    python3 bench/interleave.py --table RESULT.json --latency # a request's time outside the engine and in its phases
 
 Writes the JSON after every level, and each server's log next to it. Everything it started is stopped at the end,
 on an error and on Ctrl-C.
@@ -210,6 +213,47 @@ def steps(result: dict) -> dict:
     return out
 
 
+def latency(result: dict) -> dict:
+    """Per level key and path, means over the rounds whose level has the engine's account with its request times:
+    the client's mean latency, the engine's mean end-to-end time of a request (vLLM's e2e_request_latency: from its
+    frontend's arrival to the last token) and their difference, the time a request spends outside the engine (HTTP,
+    the client, any proxy or hop), and the engine's queue, prefill and decode times (ms)."""
+    import statistics
+
+    out: dict = {}
+    for spec in result.get("levels", []):
+        key = spec["key"]
+        for name in result.get("paths", {}):
+            lvs = [r["levels"][key][name] for r in result.get("rounds", []) if name in r.get("levels", {}).get(key, {})]
+            lvs = [x for x in lvs if isinstance((x.get("engine") or {}).get("mean_s"), dict)
+                   and x["engine"]["mean_s"].get("e2e_request_latency") is not None and x.get("ok") == x.get("requests")]
+            if not lvs:
+                continue
+            ms = lambda f: 1000 * statistics.fmean(f(x) for x in lvs)  # noqa: E731
+            out.setdefault(key, {})[name] = {
+                "rounds": len(lvs), "client_ms": ms(lambda x: x["latency_s"]["mean"]),
+                "engine_ms": ms(lambda x: x["engine"]["mean_s"]["e2e_request_latency"]),
+                "outside_ms": ms(lambda x: x["latency_s"]["mean"] - x["engine"]["mean_s"]["e2e_request_latency"]),
+                **{f"{k}_ms": ms(lambda x, k=k: x["engine"]["mean_s"][f"request_{k}_time"])
+                   for k in ("queue", "prefill", "decode")}}
+    if not out:
+        raise Missing("no level holds the engine's request times (a GPU host's run with RFTSTACK_ENGINE_LOG_STATS=1 "
+                      "records them)")
+    return out
+
+
+def latency_table(result: dict) -> str:
+    """:func:`latency` as Markdown, a row per level and path."""
+    head = ["level", "path", "rounds", "client ms", "engine e2e ms", "outside the engine ms", "queue ms", "prefill ms",
+            "decode ms"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, per in latency(result).items():
+        for name, f in per.items():
+            rows.append(f"| {key} | {name} | {f['rounds']} | {f['client_ms']:.1f} | {f['engine_ms']:.1f} | "
+                        f"{f['outside_ms']:.1f} | {f['queue_ms']:.1f} | {f['prefill_ms']:.1f} | {f['decode_ms']:.1f} |")
+    return "\n".join(rows)
+
+
 def steps_table(result: dict) -> str:
     """:func:`steps` as Markdown, a row per level and path."""
     head = ["level", "path", "rounds", "engine steps/s", "tokens a step", "GPU busy %", "ms a step", "GPU-busy ms a step",
@@ -289,6 +333,55 @@ def proxy_metrics(base: str) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def hop_spec(entry: str) -> tuple[str, list[str]]:
+    """A ``--hops`` entry as its path's name and bench/hop.py's arguments: ``none`` -> ``hop``; ``wait=10,busy=2``
+    -> ``hop:wait=10,busy=2`` with ``--wait-ms 10 --busy-ms 2``. A bad entry raises ValueError with one phrase."""
+    entry = entry.strip()
+    if entry == "none":
+        return "hop", []
+    argv: list[str] = []
+    for part in entry.split(","):
+        key, eq, value = part.strip().partition("=")
+        if key not in ("wait", "busy") or not eq:
+            raise ValueError(f"--hops entry {entry!r}: give none, or wait=MS and/or busy=MS joined by a comma")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"--hops entry {entry!r}: {value!r} is not a number of milliseconds") from None
+        if ms < 0:
+            raise ValueError(f"--hops entry {entry!r}: milliseconds cannot be negative")
+        argv += [f"--{key}-ms", value]
+    return f"hop:{entry}", argv
+
+
+def start_hop(entry: str, engine: LoadPath, out: Path, stack: ExitStack, result: dict, say, env: dict) -> LoadPath:
+    """bench/hop.py for ``entry`` in front of ``engine``'s server (the proxy's fields as ``engine``'s request has
+    them); its path takes plain requests, as the proxy's does. Stopped when ``stack`` closes."""
+    name, words = hop_spec(entry)
+    fields = "json" if engine.request == "json" else "numeric"
+    argv = [sys.executable, str(HERE / "hop.py"), "--upstream", engine.url, "--fields", fields, *words]
+    suffix = name.replace(":", "-").replace("=", "").replace(",", "-")
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-{suffix}.log", env)
+    ph = result.setdefault("servers", {})[name] = {"argv": argv}
+    stack.callback(lambda: ph.__setitem__("stop", proc.stop(grace_s=5)))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.alive():
+        urls = [line.split(" ", 1)[1] for _, line in list(proc.lines) if line.startswith("URL ")]
+        if urls:
+            say(f"{name} listens at {urls[0]}, in front of {engine.url}")
+            return LoadPath(name, urls[0], False, engine.model, engine.metrics_url)
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} did not start (bench/hop.py); its log: {proc.log}")
+
+
+def hop_stats(base: str) -> dict:
+    """A hop's counts (its /hop/stats), or one phrase why not."""
+    try:
+        return svb.http_json(base + "/hop/stats", timeout=5)[1]
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def bare_fields_path(bare: LoadPath, env: dict) -> LoadPath:
     """The path that sends bare the proxy's own request (serve_vs_bare.py's ``engine_direct_request`` in ``env``:
     numeric logprobs unless the proxy's numeric-logprobs patch is switched off there)."""
@@ -306,6 +399,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--table", metavar="RESULT", help="print a result's figures as a Markdown table, run nothing")
     ap.add_argument("--steps", action="store_true",
                     help="with --table: the engine's steps and the GPU's busy and idle time a step instead")
+    ap.add_argument("--latency", action="store_true",
+                    help="with --table: a request's time outside the engine and its queue, prefill and decode time instead")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--concurrency", default="32,64", help="the equal-length levels")
     ap.add_argument("--spread", type=float, default=0.75, help="spread of the spread levels' lengths (0: none)")
@@ -319,6 +414,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine-direct", action="store_true", help="also the path straight to Trinity's engine")
     ap.add_argument("--bare-fields", action="store_true", help="also the proxy's own request sent to bare")
     ap.add_argument("--bare-variants", default="", help="';'-separated extra `vllm serve` argument sets, a path each")
+    ap.add_argument("--hops", default="",
+                    help="';'-separated bench/hop.py settings in front of Trinity's engine, a path each: none, "
+                         "wait=MS, busy=MS, or both joined by a comma (needs --engine-direct)")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
     ap.add_argument("--ready-timeout", type=float, default=400)
     ap.add_argument("--no-ray-stop", action="store_true", help="never `ray stop --force` (a machine shared with other Ray work)")
@@ -345,6 +443,17 @@ def check(args) -> str | None:
     if not 0 < args.gpu_util or args.gpu_util * servers > 0.9:
         return (f"--gpu-util {args.gpu_util} for {servers} servers on one GPU asks for more than 0.9 of its memory; "
                 f"give at most {0.9 / servers:.2f}")
+    try:
+        args.hop_entries = [e.strip() for e in args.hops.split(";") if e.strip()]
+        names = [hop_spec(e)[0] for e in args.hop_entries]
+    except ValueError as e:
+        return str(e)
+    if len(set(names)) < len(names):
+        return f"--hops {args.hops!r} names a setting twice; give each once"
+    if names and not args.engine_direct:
+        return "--hops puts a hop in front of Trinity's engine: give --engine-direct too"
+    if args.steps and args.latency:
+        return "--steps and --latency are two tables: give one"
     if len(set(args.variants)) < len(args.variants):
         return f"--bare-variants {args.bare_variants!r} names a variant twice; give each once"
     return None
@@ -352,10 +461,13 @@ def check(args) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.table and args.steps and args.latency:
+        print("interleave: --steps and --latency are two tables: give one", file=sys.stderr)
+        return 2
     if args.table:
         try:
             data = json.loads(Path(args.table).read_text())
-            print(steps_table(data) if args.steps else table(data))
+            print(steps_table(data) if args.steps else latency_table(data) if args.latency else table(data))
         except (OSError, ValueError, KeyError, TypeError) as e:
             why = e if isinstance(e, Missing) else f"{type(e).__name__}: {e}"
             print(f"interleave: {args.table}: {why}; give a result file bench/interleave.py wrote", file=sys.stderr)
@@ -386,10 +498,16 @@ def main(argv: list[str] | None = None) -> int:
                 paths.append(bare_fields_path(bare, sp.child_env()))
             for v in args.variants:
                 paths.append(start_bare(args, out, stack, result, say, v))
+            engine = next((p for p in paths if p.name == "engine"), None)
+            for entry in args.hop_entries:
+                paths.append(start_hop(entry, engine, out, stack, result, say, sp.child_env()))
             paths.sort(key=lambda p: p.name != REFERENCE)  # bare leads round 1
             save()
             run_rounds(paths, args, result, save, say)
             result["servers"]["trinity"]["proxy_metrics"] = proxy_metrics(proxy_url)
+            for p in paths:
+                if p.name.startswith("hop"):
+                    result["servers"][p.name]["stats"] = hop_stats(p.url)
             say(f"rounds done; the proxy's counts: {result['servers']['trinity']['proxy_metrics']}; stopping the servers")
     except RuntimeError as e:
         result["error"] = str(e)

@@ -6,6 +6,7 @@ needs the GPU host (tests/gpu/host_session.sh's interleave3b)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,11 @@ def test_a_failed_request_keeps_a_round_out_of_the_figures():
     (["--model", ".", "--out", "x.json", "--gpu-util", "0.2", "--bare-variants", "--seed 1;--seed 1"], "names a variant twice"),
     (["--model", ".", "--out", "x.json", "--concurrency", "a"], "concurrency"),
     (["--out", "x.json"], "give --model DIR and --out RESULT.json"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "none;slow=3"], "--hops entry 'slow=3': give none"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "wait=x"], "'x' is not a number of milliseconds"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "wait=-1"], "milliseconds cannot be negative"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "none; none"], "names a setting twice"),
+    (["--model", ".", "--out", "x.json", "--hops", "none"], "give --engine-direct too"),
 ])
 def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, argv, says):
     r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path)
@@ -186,3 +192,70 @@ def test_bare_fields_sends_bare_the_proxys_own_request():
     asked = [b for b in double.bodies if b["max_tokens"] == 4]
     assert len(asked) >= 4 and all(b["logprobs"] and b["return_token_ids"] for b in asked)
     assert all(b["vllm_xargs"]["rftstack_logprobs_numeric"] for b in asked)
+
+
+def test_hop_entries_name_their_paths_and_arguments():
+    assert il.hop_spec("none") == ("hop", [])
+    assert il.hop_spec(" wait=10 ") == ("hop:wait=10", ["--wait-ms", "10"])
+    assert il.hop_spec("wait=10,busy=1.5") == ("hop:wait=10,busy=1.5", ["--wait-ms", "10", "--busy-ms", "1.5"])
+
+
+def _hop_level(tmp_path, entry: str, c: int = 4, requests: int = 8):
+    """One level through bench/hop.py (a real process, ``entry``'s setting) in front of the in-process TEST DOUBLE
+    (it stands in for Trinity's engine): the level, the double's request bodies and the hop's counts."""
+    from contextlib import ExitStack
+
+    from openai_double import OpenAIDouble
+
+    result: dict = {}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    with OpenAIDouble() as double, ExitStack() as stack:
+        engine = il.LoadPath("engine", double.base_url, "numeric", "test-double-model")
+        hop = il.start_hop(entry, engine, tmp_path / "r.json", stack, result, lambda m: None, dict(os.environ))
+        lv = il.run_level(hop, c, 0.0, requests, SimpleNamespace(max_tokens=4, level_timeout=30.0))
+        stats = il.hop_stats(hop.url)
+    return hop, lv, [b for b in double.bodies if b["max_tokens"] == 4], stats, result
+
+
+def test_a_hop_forwards_plain_requests_with_the_proxys_fields(tmp_path):
+    """The hop's path takes plain requests (as the proxy's) and sends the engine the proxy's own request: token ids,
+    logprobs, the numeric mark; every answer comes back whole, counted, and the hop is stopped with its stack."""
+    hop, lv, bodies, stats, result = _hop_level(tmp_path, "none")
+    assert hop.name == "hop" and hop.request is False
+    assert lv["ok"] == lv["requests"] == 8 and lv["short_outputs"] == 0
+    assert len(bodies) >= 8 and all(b["return_token_ids"] and b["logprobs"] for b in bodies)
+    assert all(b["vllm_xargs"]["rftstack_logprobs_numeric"] == 1 for b in bodies)
+    assert stats["answers"] >= 8 and stats["errors"] == 0
+    assert result["servers"]["hop"]["stop"]["rc"] is not None
+
+
+def test_a_hops_wait_holds_each_answer_without_its_cpu_and_its_busy_holds_the_loop(tmp_path):
+    """wait=150: each of 4 concurrent answers is held 150 ms, side by side (the level takes about one wait a wave);
+    busy=150: the hop's one loop is busy 150 ms an answer, so 4 answers of a wave take about 4 x 150 ms."""
+    _, waited, _, wstats, _ = _hop_level(tmp_path / "w", "wait=150", c=4, requests=4)
+    _, busy, _, bstats, _ = _hop_level(tmp_path / "b", "busy=150", c=4, requests=4)
+    assert waited["ok"] == busy["ok"] == 4 and wstats["wait_ms"] == 150 and bstats["busy_ms"] == 150
+    assert waited["latency_s"]["p50"] >= 0.15
+    assert waited["wall_s"] < 0.45  # the waits overlap
+    assert busy["wall_s"] >= 0.55 and busy["latency_s"]["max"] >= 0.55  # the busy answers queue on the one loop
+
+
+def test_latency_splits_a_request_into_its_time_outside_the_engine_and_its_phases(tmp_path):
+    """Client mean 300 ms, the engine's e2e 260 ms: 40 ms outside the engine; the means are over the rounds whose level
+    has the engine's request times and every answer; the table is the function's, and a run without them is one
+    sentence."""
+    eng = lambda e2e, dec: {"mean_s": {"e2e_request_latency": e2e, "request_queue_time": 0.001,  # noqa: E731
+                                       "request_prefill_time": 0.02, "request_decode_time": dec}}
+    lv = lambda mean, e: {"ok": 4, "requests": 4, "latency_s": {"mean": mean}, "engine": e}  # noqa: E731
+    result = {"paths": {"bare": {}, "hop": {}}, "levels": [{"key": "c=32 equal"}],
+              "rounds": [{"levels": {"c=32 equal": {"bare": lv(0.25, eng(0.24, 0.2)), "hop": lv(0.30, eng(0.26, 0.22))}}},
+                         {"levels": {"c=32 equal": {"bare": lv(0.27, eng(0.26, 0.2)), "hop": {**lv(0.9, eng(0.1, 0.1)), "ok": 3}}}}]}
+    f = il.latency(result)["c=32 equal"]
+    assert f["hop"]["rounds"] == 1 and f["bare"]["rounds"] == 2
+    assert f["hop"]["outside_ms"] == pytest.approx(40.0) and f["hop"]["decode_ms"] == pytest.approx(220.0)
+    assert f["bare"]["outside_ms"] == pytest.approx(10.0) and f["bare"]["client_ms"] == pytest.approx(260.0)
+    assert "| c=32 equal | hop | 1 | 300.0 | 260.0 | 40.0 | 1.0 | 20.0 | 220.0 |" in il.latency_table(result)
+    (tmp_path / "r.json").write_text(json.dumps({"paths": {"bare": {}}, "levels": [{"key": "c=4 equal"}], "rounds": []}))
+    r = subprocess.run([sys.executable, str(SCRIPT), "--table", str(tmp_path / "r.json"), "--latency"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no level holds the engine's request times" in r.stderr and r.stderr.count("\n") == 1

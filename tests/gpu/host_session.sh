@@ -120,6 +120,10 @@
 #              requests a client) sent to one, then the other, INTERLEAVE_ROUNDS (default 4) times, the order turned
 #              each round (bench/interleave.py): the ratio with the drift between two servers' starts taken out;
 #              INTERLEAVE_ARGS adds arguments (e.g. --requests-per-client 32)
+#   interleave3b-hop  the same with six paths on two servers: bare, through the proxy, Trinity's engine directly
+#              (the proxy's own request), and bench/hop.py in front of that engine three ways (a hop that records
+#              nothing: as it is, each answer held HOP_WAIT_MS (10) without CPU, its loop busy HOP_BUSY_MS (2) an
+#              answer): which part of a proxy in front of the engine its steps feel (interleave-hop-qwen3b.json)
 #   interleave3b-engine  the same with five paths on three servers, 0.3 of the memory each: through the proxy,
 #              Trinity's engine directly (the proxy's own request), bare, bare sent the proxy's own request, and bare
 #              with TRINITY_ENGINE_ARGS
@@ -352,6 +356,10 @@ for step in "${steps[@]}"; do
                  --bare-variants "$TRINITY_ENGINE_ARGS" ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         interleave3b) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
                  --out "$LOGS/bench/interleave-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" ${INTERLEAVE_ARGS:-} \
+                 ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        interleave3b-hop) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
+                 --out "$LOGS/bench/interleave-hop-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" \
+                 --engine-direct --hops "none;wait=${HOP_WAIT_MS:-10};busy=${HOP_BUSY_MS:-2}" ${INTERLEAVE_ARGS:-} \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
         interleave3b-engine) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
                  --out "$LOGS/bench/interleave-engine-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" \
