@@ -11,11 +11,17 @@ writing, answer after answer)? This hop has each as a setting:
   ``--fields json``, the numeric-logprobs mark of patches/trinity-proxy-numeric-logprobs.patch), forwards it with
   aiohttp, reads the whole answer and returns its bytes as they came;
 - ``--wait-ms W``: each answer is held W ms before it is returned (``asyncio.sleep``: time without CPU);
-- ``--busy-ms B``: for each answer the event loop is kept busy B ms (a spin: serial work, as the proxy's own).
+- ``--busy-ms B``: for each answer the event loop is kept busy B ms (a spin: serial work, as the proxy's own);
+- ``--store PATH``: each answer's bytes are a row of an SQLite file at PATH, committed before the answer is returned,
+  the answers in hand sharing one transaction (a group commit, as Trinity's recorder with
+  patches/trinity-recorder-group-commit.patch) on a thread of its own, with SQLite's defaults otherwise (a rollback
+  journal and ``synchronous=FULL``, as Trinity's store: every commit syncs the file to its disk). Not an experience
+  store: the write and its syncs alone, without Trinity's building, serializing and SQLAlchemy.
 
 Any other path (``GET /v1/models``, ``/metrics``) is forwarded as it is. ``GET /hop/stats`` gives its counts.
 
-    python bench/hop.py --upstream http://127.0.0.1:PORT [--port 0] [--wait-ms 0] [--busy-ms 0] [--fields numeric]
+    python bench/hop.py --upstream http://127.0.0.1:PORT [--port 0] [--wait-ms 0] [--busy-ms 0] [--fields numeric] \
+        [--store PATH]
     # prints "URL http://127.0.0.1:PORT" once it listens; serves until SIGINT/SIGTERM
 """
 
@@ -24,9 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import queue
 import signal
+import sqlite3
 import sys
+import threading
 import time
+from pathlib import Path
 
 FIELDS = ("numeric", "json")
 NUMERIC_KEY = "rftstack_logprobs_numeric"
@@ -50,18 +60,84 @@ def spin(ms: float) -> None:
         pass
 
 
-def make_app(upstream: str, *, wait_ms: float = 0.0, busy_ms: float = 0.0, fields: str = "numeric"):
+class Store:
+    """Answers' bytes as rows of the SQLite file ``path``, written by one thread: :meth:`put` returns once its row is
+    committed; the rows that arrived while a commit ran go in the next one together (a group commit)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows = 0
+        self.commits = 0
+        self._q: queue.Queue = queue.Queue()
+        self._con = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # BEGIN/COMMIT by hand
+        self._con.execute("CREATE TABLE IF NOT EXISTS answers (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+        self._thread = threading.Thread(target=self._run, name="hop-store", daemon=True)
+        self._thread.start()
+
+    async def put(self, body: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._q.put((body, loop, done))
+        await done
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=30)
+        self._con.close()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            batch = [item]
+            while True:
+                try:
+                    more = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._q.put(None)  # ends the loop after this batch
+                    break
+                batch.append(more)
+            error: BaseException | None = None
+            try:
+                self._con.execute("BEGIN")
+                self._con.executemany("INSERT INTO answers (body) VALUES (?)", [(b,) for b, _, _ in batch])
+                self._con.execute("COMMIT")
+                self.rows += len(batch)
+                self.commits += 1
+            except sqlite3.Error as e:
+                error = e
+                if self._con.in_transaction:
+                    self._con.execute("ROLLBACK")
+            for _, loop, done in batch:
+                loop.call_soon_threadsafe(_settle, done, error)
+
+
+def _settle(done: asyncio.Future, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(None)
+
+
+def make_app(upstream: str, *, wait_ms: float = 0.0, busy_ms: float = 0.0, fields: str = "numeric",
+             store: Path | None = None):
     from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-    stats = {"requests": 0, "answers": 0, "errors": 0, "wait_ms": wait_ms, "busy_ms": busy_ms, "fields": fields}
+    stats = {"requests": 0, "answers": 0, "errors": 0, "wait_ms": wait_ms, "busy_ms": busy_ms, "fields": fields,
+             "store": str(store) if store else None}
     hop_by_hop = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", "date", "server"}
 
     async def start(app):
         app["session"] = ClientSession(connector=TCPConnector(limit=1000), auto_decompress=False,
                                        timeout=ClientTimeout(total=None, sock_read=300))
+        app["store"] = Store(store) if store else None
 
     async def close(app):
         await app["session"].close()
+        if app["store"] is not None:
+            app["store"].close()
 
     def reply(status: int, body: bytes, headers) -> web.Response:
         kept = {k: v for k, v in headers.items() if k.lower() not in hop_by_hop}
@@ -82,6 +158,13 @@ def make_app(upstream: str, *, wait_ms: float = 0.0, busy_ms: float = 0.0, field
             spin(busy_ms)
         if wait_ms:
             await asyncio.sleep(wait_ms / 1000)
+        if status == 200 and request.app["store"] is not None:
+            try:
+                await request.app["store"].put(content)
+            except sqlite3.Error as e:
+                stats["errors"] += 1
+                return web.json_response({"error": {"message": f"the hop's store failed ({e}): {store}", "code": 503}},
+                                         status=503)
         stats["answers" if status == 200 else "errors"] += 1
         return reply(status, content, headers)
 
@@ -91,7 +174,8 @@ def make_app(upstream: str, *, wait_ms: float = 0.0, busy_ms: float = 0.0, field
             return reply(up.status, await up.read(), up.headers)
 
     async def hop_stats(request: web.Request) -> web.Response:
-        return web.json_response(stats)
+        kept = request.app["store"]
+        return web.json_response({**stats, **({"rows": kept.rows, "commits": kept.commits} if kept else {})})
 
     app = web.Application(client_max_size=32 * 1024 * 1024)
     app.on_startup.append(start)
@@ -111,6 +195,8 @@ def check(args) -> str | None:
         return "--wait-ms and --busy-ms are milliseconds: give 0 or more"
     if not 0 <= args.port < 65536:
         return f"--port {args.port}: give 0 (any free port) or a port number below 65536"
+    if args.store and not Path(args.store).parent.is_dir():
+        return f"--store {args.store}: no such directory {Path(args.store).parent}; give a file in an existing directory"
     return None
 
 
@@ -118,7 +204,8 @@ async def serve(args) -> None:
     from aiohttp import web
 
     runner = web.AppRunner(make_app(args.upstream.rstrip("/"), wait_ms=args.wait_ms, busy_ms=args.busy_ms,
-                                    fields=args.fields), access_log=None)
+                                    fields=args.fields, store=Path(args.store) if args.store else None),
+                           access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port)
     await site.start()
@@ -140,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy-ms", type=float, default=0.0, help="keep the event loop busy this long for each answer")
     ap.add_argument("--fields", choices=FIELDS, default="numeric",
                     help="the proxy's fields with numeric logprobs (its default) or JSON logprobs")
+    ap.add_argument("--store", default="", help="commit each answer's bytes to this SQLite file before returning it")
     args = ap.parse_args(argv)
     problem = check(args)
     if problem:

@@ -12,9 +12,12 @@ Paths: ``trinity`` (through Trinity's proxy, plain requests, as users call it), 
 with ``--engine-direct`` ``engine`` (the proxy's own request straight to Trinity's engine: serve_vs_bare.py's
 ``engine_direct_request``), with ``--bare-fields`` ``bare-fields`` (that request to bare: what the fields cost bare
 itself), one ``bare:ARGS`` path per ``--bare-variants`` entry (``vllm serve`` with those arguments, started beside
-the others), and one ``hop`` path per ``--hops`` entry (bench/hop.py in front of Trinity's engine, a forwarding hop
+the others), one ``hop`` path per ``--hops`` entry (bench/hop.py in front of Trinity's engine, a forwarding hop
 that records nothing: ``none`` as it is, ``wait=MS`` holding each answer, ``busy=MS`` keeping its loop busy for each
-answer; which of these the engine's steps feel, where the proxy's do). Every level records the machine's CPU and steal, how busy the GPU was
+answer, ``store=disk|shm`` committing each answer to an SQLite file; which of these the engine's steps feel, where the
+proxy's do), and one ``proxy:VARIANT`` path per ``--proxies`` variant (Trinity's proxy app and recorder as
+bench/proxy_overhead.py runs them, in a plain process in front of Trinity's engine: the proxy outside the Explorer
+actor, with or without its recording). ``--db-url`` puts the serve's own store elsewhere (e.g. on /dev/shm). Every level records the machine's CPU and steal, how busy the GPU was
 (bench/gpu_busy.py) and, where the server keeps vLLM's statistics, the engine's own account (bench/engine_metrics.py;
 the serve's with ``RFTSTACK_ENGINE_LOG_STATS=1``).
 
@@ -286,7 +289,7 @@ def start_serve(args, out: Path, stack: ExitStack, result: dict, say) -> list[Lo
     before = svb.listening_ports()
     proc = svb.Proc([sys.executable, "-m", "rftstack", "serve", "-c", str(cfg), "--run-dir", str(work / "run"),
                      *args.serve_args.split()], out.parent / f"{out.stem}-serve.log", env)
-    ph = result.setdefault("servers", {})["trinity"] = {"config": str(cfg)}
+    ph = result.setdefault("servers", {})["trinity"] = {"config": str(cfg), "db_url": getattr(args, "db_url", None)}
 
     def stop() -> None:
         ph["stop"] = proc.stop(grace_s=30)
@@ -333,17 +336,28 @@ def proxy_metrics(base: str) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def hop_spec(entry: str) -> tuple[str, list[str]]:
+STORES = {"disk": None, "shm": Path("/dev/shm")}  # store=disk: next to the result; shm: on tmpfs
+
+
+def hop_spec(entry: str, out: Path = Path("interleave.json")) -> tuple[str, list[str]]:
     """A ``--hops`` entry as its path's name and bench/hop.py's arguments: ``none`` -> ``hop``; ``wait=10,busy=2``
-    -> ``hop:wait=10,busy=2`` with ``--wait-ms 10 --busy-ms 2``. A bad entry raises ValueError with one phrase."""
+    -> ``hop:wait=10,busy=2`` with ``--wait-ms 10 --busy-ms 2``; ``store=disk`` (``shm``) commits each answer to an
+    SQLite file next to ``out`` (on /dev/shm). A bad entry raises ValueError with one phrase."""
     entry = entry.strip()
     if entry == "none":
         return "hop", []
+    name = f"hop:{entry}"
     argv: list[str] = []
     for part in entry.split(","):
         key, eq, value = part.strip().partition("=")
+        if key == "store" and eq:
+            if value not in STORES:
+                raise ValueError(f"--hops entry {entry!r}: store= takes disk (a file next to the result) or shm (/dev/shm)")
+            where = STORES[value] or out.parent
+            argv += ["--store", str(where / f"{out.stem}-{hop_suffix(name)}.db")]
+            continue
         if key not in ("wait", "busy") or not eq:
-            raise ValueError(f"--hops entry {entry!r}: give none, or wait=MS and/or busy=MS joined by a comma")
+            raise ValueError(f"--hops entry {entry!r}: give none, or wait=MS, busy=MS and/or store=disk|shm joined by a comma")
         try:
             ms = float(value)
         except ValueError:
@@ -351,17 +365,25 @@ def hop_spec(entry: str) -> tuple[str, list[str]]:
         if ms < 0:
             raise ValueError(f"--hops entry {entry!r}: milliseconds cannot be negative")
         argv += [f"--{key}-ms", value]
-    return f"hop:{entry}", argv
+    return name, argv
+
+
+def hop_suffix(name: str) -> str:
+    """A hop path's name as a file-name part: ``hop:wait=10,busy=2`` -> ``hop-wait10-busy2``."""
+    return name.replace(":", "-").replace("=", "").replace(",", "-")
 
 
 def start_hop(entry: str, engine: LoadPath, out: Path, stack: ExitStack, result: dict, say, env: dict) -> LoadPath:
     """bench/hop.py for ``entry`` in front of ``engine``'s server (the proxy's fields as ``engine``'s request has
     them); its path takes plain requests, as the proxy's does. Stopped when ``stack`` closes."""
-    name, words = hop_spec(entry)
+    name, words = hop_spec(entry, out)
     fields = "json" if engine.request == "json" else "numeric"
     argv = [sys.executable, str(HERE / "hop.py"), "--upstream", engine.url, "--fields", fields, *words]
-    suffix = name.replace(":", "-").replace("=", "").replace(",", "-")
-    proc = svb.Proc(argv, out.parent / f"{out.stem}-{suffix}.log", env)
+    db = Path(words[words.index("--store") + 1]) if "--store" in words else None
+    if db is not None:
+        db.unlink(missing_ok=True)  # a file of an earlier run: this run's rows only
+        stack.callback(lambda: db.unlink(missing_ok=True))  # after the hop's stop (the stack runs last-in first)
+    proc = svb.Proc(argv, out.parent / f"{out.stem}-{hop_suffix(name)}.log", env)
     ph = result.setdefault("servers", {})[name] = {"argv": argv}
     stack.callback(lambda: ph.__setitem__("stop", proc.stop(grace_s=5)))
     deadline = time.monotonic() + 30
@@ -372,6 +394,47 @@ def start_hop(entry: str, engine: LoadPath, out: Path, stack: ExitStack, result:
             return LoadPath(name, urls[0], False, engine.model, engine.metrics_url)
         time.sleep(0.1)
     raise RuntimeError(f"{name} did not start (bench/hop.py); its log: {proc.log}")
+
+
+def proxy_problem(variants: list[str]) -> str | None:
+    """Why ``--proxies`` cannot run (one phrase), or None: bench/proxy_overhead.py's variants, in a plain process."""
+    import proxy_overhead as po
+
+    problem = po.variants_problem(variants)
+    if problem:
+        return f"--proxies: {problem}"
+    actor = [v for v in variants if "actor" in po.flags(v)]
+    if actor:
+        return (f"--proxies {actor[0]!r}: +actor starts a Ray node of its own beside the serve's; give the variant "
+                "without it (the serve's own proxy is the one in a Ray actor)")
+    return None
+
+
+def start_proxy_variant(variant: str, engine: LoadPath, out: Path, stack: ExitStack, result: dict, say) -> LoadPath:
+    """Trinity's proxy app and recorder as bench/proxy_overhead.py runs them for ``variant`` (in a plain process, its
+    model allocation a stand-in that always names ``engine``'s server), in front of ``engine``: the proxy's code outside
+    the Explorer actor, with or without its recording. Stopped when ``stack`` closes; its rows counted then."""
+    import proxy_overhead as po
+
+    name = f"proxy:{variant}"
+    work = out.parent / f"{out.stem}-{hop_suffix(name).replace('+', '-')}"
+    work.mkdir(parents=True, exist_ok=True)
+    proc, port = po.start_proxy(engine.url, variant, work, work)
+    log = work / f"proxy-{variant}.log"
+    ph = result.setdefault("servers", {})[name] = {"variant": variant, "log": str(log)}
+
+    def stop() -> None:
+        po.stop(proc)
+        rows = [int(ln.split()[1]) for ln in log.read_text().splitlines() if ln.startswith("ROWS ")]
+        ph["stop"] = {"rc": proc.returncode, "rows": rows[-1] if rows else None}
+    stack.callback(stop)
+    base = f"http://127.0.0.1:{port}"
+    po.wait_http(base + "/health", proc, 120)  # RuntimeError: one sentence, the run stops
+    helpers = int(po.build_setting(variant)) or int(po.record_setting(variant))
+    if helpers:
+        po.wait_builders(log, helpers, proc, 300)
+    say(f"{name} (Trinity's proxy in a process of its own) listens at {base}, in front of {engine.url}")
+    return LoadPath(name, base, False, engine.model, engine.metrics_url)
 
 
 def hop_stats(base: str) -> dict:
@@ -416,7 +479,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--bare-variants", default="", help="';'-separated extra `vllm serve` argument sets, a path each")
     ap.add_argument("--hops", default="",
                     help="';'-separated bench/hop.py settings in front of Trinity's engine, a path each: none, "
-                         "wait=MS, busy=MS, or both joined by a comma (needs --engine-direct)")
+                         "wait=MS, busy=MS, store=disk|shm, or several joined by a comma (needs --engine-direct)")
+    ap.add_argument("--proxies", default="",
+                    help="','-separated bench/proxy_overhead.py variants (e.g. sqlite-build4+numeric, hop-gc+numeric): "
+                         "Trinity's proxy in a plain process in front of Trinity's engine, a path each (needs --engine-direct)")
+    ap.add_argument("--db-url", default=None,
+                    help="the serve's experience store (explorer.db_url), e.g. sqlite:////dev/shm/x.db; default Trinity's")
     ap.add_argument("--serve-args", default="", help="more `rftstack serve` arguments, e.g. --skip-doctor")
     ap.add_argument("--ready-timeout", type=float, default=400)
     ap.add_argument("--no-ray-stop", action="store_true", help="never `ray stop --force` (a machine shared with other Ray work)")
@@ -445,13 +513,20 @@ def check(args) -> str | None:
                 f"give at most {0.9 / servers:.2f}")
     try:
         args.hop_entries = [e.strip() for e in args.hops.split(";") if e.strip()]
-        names = [hop_spec(e)[0] for e in args.hop_entries]
+        names = [hop_spec(e, Path(args.out))[0] for e in args.hop_entries]
     except ValueError as e:
         return str(e)
     if len(set(names)) < len(names):
         return f"--hops {args.hops!r} names a setting twice; give each once"
     if names and not args.engine_direct:
         return "--hops puts a hop in front of Trinity's engine: give --engine-direct too"
+    args.proxy_variants = [v.strip() for v in args.proxies.split(",") if v.strip()]
+    if args.proxy_variants:
+        if not args.engine_direct:
+            return "--proxies puts Trinity's proxy in front of Trinity's engine: give --engine-direct too"
+        problem = proxy_problem(args.proxy_variants)
+        if problem:
+            return problem
     if args.steps and args.latency:
         return "--steps and --latency are two tables: give one"
     if len(set(args.variants)) < len(args.variants):
@@ -501,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
             engine = next((p for p in paths if p.name == "engine"), None)
             for entry in args.hop_entries:
                 paths.append(start_hop(entry, engine, out, stack, result, say, sp.child_env()))
+            for variant in args.proxy_variants:
+                paths.append(start_proxy_variant(variant, engine, out, stack, result, say))
             paths.sort(key=lambda p: p.name != REFERENCE)  # bare leads round 1
             save()
             run_rounds(paths, args, result, save, say)

@@ -267,7 +267,7 @@ def serve_config(args, out: Path) -> tuple[Path, int, Path]:
     port = svb.free_port()
     cfg = svb.trinity_config(work / "serve.yaml", model=Path(args.model).resolve(), label=out.stem,
                              max_model_len=args.max_model_len, gpu_util=args.gpu_util, proxy_port=port,
-                             ckpt=work / "ckpt", db_url=None)
+                             ckpt=work / "ckpt", db_url=getattr(args, "db_url", None))
     return work, port, cfg
 
 

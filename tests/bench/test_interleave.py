@@ -99,6 +99,10 @@ def test_a_failed_request_keeps_a_round_out_of_the_figures():
     (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "wait=-1"], "milliseconds cannot be negative"),
     (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "none; none"], "names a setting twice"),
     (["--model", ".", "--out", "x.json", "--hops", "none"], "give --engine-direct too"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "store=nvme"], "store= takes disk"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--proxies", "nope"], "--proxies: unknown variant 'nope'"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--proxies", "hop-gc+actor"], "+actor starts a Ray node"),
+    (["--model", ".", "--out", "x.json", "--proxies", "hop-gc"], "give --engine-direct too"),
 ])
 def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, argv, says):
     r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path)
@@ -194,10 +198,46 @@ def test_bare_fields_sends_bare_the_proxys_own_request():
     assert all(b["vllm_xargs"]["rftstack_logprobs_numeric"] for b in asked)
 
 
-def test_hop_entries_name_their_paths_and_arguments():
+def test_hop_entries_name_their_paths_and_arguments(tmp_path):
     assert il.hop_spec("none") == ("hop", [])
     assert il.hop_spec(" wait=10 ") == ("hop:wait=10", ["--wait-ms", "10"])
     assert il.hop_spec("wait=10,busy=1.5") == ("hop:wait=10,busy=1.5", ["--wait-ms", "10", "--busy-ms", "1.5"])
+    out = tmp_path / "r.json"
+    assert il.hop_spec("store=disk", out) == ("hop:store=disk", ["--store", str(tmp_path / "r-hop-storedisk.db")])
+    assert il.hop_spec("wait=1,store=shm", out) == ("hop:wait=1,store=shm",
+                                                    ["--wait-ms", "1", "--store", "/dev/shm/r-hop-wait1-storeshm.db"])
+
+
+def test_a_hops_store_commits_every_answer_before_it_returns_and_groups_concurrent_ones(tmp_path):
+    """store=disk: every answer a row of the hop's SQLite file, committed (counted by the hop's store thread) before
+    the answer is returned; 8 clients at once share transactions (fewer commits than rows); the file is removed when
+    the stack closes, after the hop's stop."""
+    hop, lv, _, stats, result = _hop_level(tmp_path, "store=disk", c=8, requests=32)
+    assert lv["ok"] == lv["requests"] == 32
+    assert stats["rows"] == stats["answers"] >= 32 and 0 < stats["commits"] < stats["rows"]
+    assert stats["store"] == str(tmp_path / "r-hop-storedisk.db")
+    assert not (tmp_path / "r-hop-storedisk.db").exists() and result["servers"]["hop:store=disk"]["stop"]["rc"] == 0
+
+
+def test_a_hop_with_a_store_in_a_missing_directory_is_one_sentence(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "hop.py"), "--upstream", "http://127.0.0.1:9",
+                        "--store", str(tmp_path / "no" / "x.db")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"hop: --store {tmp_path / 'no' / 'x.db'}: no such directory")
+
+
+def test_db_url_puts_the_serves_store_where_it_says(tmp_path):
+    """interleave's --db-url reaches the serve's config as explorer.db_url (its default: none, Trinity's own)."""
+    import yaml
+
+    import serve_profile as sp
+
+    args = SimpleNamespace(model=str(tmp_path), max_model_len=1024, gpu_util=0.4, db_url="sqlite:////dev/shm/x.db")
+    _, _, cfg = sp.serve_config(args, tmp_path / "r.json")
+    assert yaml.safe_load(cfg.read_text())["explorer"]["db_url"] == "sqlite:////dev/shm/x.db"
+    _, _, cfg = sp.serve_config(SimpleNamespace(model=str(tmp_path), max_model_len=1024, gpu_util=0.4), tmp_path / "s.json")
+    assert "db_url" not in yaml.safe_load(cfg.read_text())["explorer"]
+    assert il.parser().parse_args(["--db-url", "sqlite:////dev/shm/x.db"]).db_url == "sqlite:////dev/shm/x.db"
 
 
 def _hop_level(tmp_path, entry: str, c: int = 4, requests: int = 8):
@@ -259,3 +299,26 @@ def test_latency_splits_a_request_into_its_time_outside_the_engine_and_its_phase
     r = subprocess.run([sys.executable, str(SCRIPT), "--table", str(tmp_path / "r.json"), "--latency"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "no level holds the engine's request times" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_a_proxy_variant_is_trinitys_proxy_in_a_process_in_front_of_the_engine(tmp_path):
+    """--proxies sqlite-gc+numeric: Trinity's real proxy app and recorder (bench/proxy_overhead.py's child, its model
+    allocation a stand-in naming the engine's server, here the in-process TEST DOUBLE) take plain requests, ask the
+    engine for token ids and numeric logprobs, record every answer (its rows counted at the stop), and stop with
+    the stack."""
+    from contextlib import ExitStack
+
+    from openai_double import OpenAIDouble
+
+    result: dict = {}
+    out = tmp_path / "r.json"
+    with OpenAIDouble() as double, ExitStack() as stack:
+        engine = il.LoadPath("engine", double.base_url, "numeric", "test-double-model")
+        path = il.start_proxy_variant("sqlite-gc+numeric", engine, out, stack, result, lambda m: None)
+        lv = il.run_level(path, 4, 0.0, 12, SimpleNamespace(max_tokens=4, level_timeout=60.0))
+    assert path.name == "proxy:sqlite-gc+numeric" and path.request is False and path.metrics_url is None
+    assert lv["ok"] == lv["requests"] == 12
+    asked = [b for b in double.bodies if b["max_tokens"] == 4]
+    assert len(asked) >= 12 and all(b["return_token_ids"] and b["vllm_xargs"]["rftstack_logprobs_numeric"] for b in asked)
+    stop = result["servers"]["proxy:sqlite-gc+numeric"]["stop"]
+    assert stop["rows"] == len(asked) and stop["rc"] is not None  # loadgen's warm-up requests recorded too

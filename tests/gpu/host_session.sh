@@ -124,6 +124,16 @@
 #              (the proxy's own request), and bench/hop.py in front of that engine three ways (a hop that records
 #              nothing: as it is, each answer held HOP_WAIT_MS (10) without CPU, its loop busy HOP_BUSY_MS (2) an
 #              answer): which part of a proxy in front of the engine its steps feel (interleave-hop-qwen3b.json)
+#   interleave3b-parts  the same with seven paths: bare, through the proxy, Trinity's engine directly, bench/hop.py
+#              holding each answer HOP_WAIT_MS (10) and committing each answer to an SQLite file on the disk (group
+#              commit, synchronous=FULL: the store's write and syncs alone), and Trinity's proxy app in a plain
+#              process (bench/proxy_overhead.py's child) with its recording as the serve has it (sqlite-build4+numeric)
+#              and without (hop-gc+numeric), PARTS_PROXIES to name others: which part of the proxy slows its engine's
+#              steps (the Explorer actor, the recording, the app); INTERLEAVE_ROUNDS default 3; SERVE_DB_URL puts the
+#              serve's own store elsewhere (parts-qwen3b.json)
+#   interleave3b-parts-shm  the same with the serve's store on /dev/shm (SERVE_DB_URL's default here:
+#              sqlite:////dev/shm/rftstack-interleave-proxy.db, removed after): does the proxy's engine still step
+#              slower when its commits sync no disk? (parts-shm-qwen3b.json)
 #   interleave3b-engine  the same with five paths on three servers, 0.3 of the memory each: through the proxy,
 #              Trinity's engine directly (the proxy's own request), bare, bare sent the proxy's own request, and bare
 #              with TRINITY_ENGINE_ARGS
@@ -361,6 +371,15 @@ for step in "${steps[@]}"; do
                  --out "$LOGS/bench/interleave-hop-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" \
                  --engine-direct --hops "none;wait=${HOP_WAIT_MS:-10};busy=${HOP_BUSY_MS:-2}" ${INTERLEAVE_ARGS:-} \
                  ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor} ;;
+        interleave3b-parts|interleave3b-parts-shm) wait
+                 db_url=${SERVE_DB_URL:-}
+                 [ "$step" = interleave3b-parts-shm ] && db_url=${SERVE_DB_URL:-sqlite:////dev/shm/rftstack-interleave-proxy.db}
+                 RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
+                 --out "$LOGS/bench/${step#interleave3b-}-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-3}" \
+                 --engine-direct --hops "wait=${HOP_WAIT_MS:-10};store=disk" \
+                 --proxies "${PARTS_PROXIES:-sqlite-build4+numeric,hop-gc+numeric}" ${db_url:+--db-url "$db_url"} \
+                 ${INTERLEAVE_ARGS:-} ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor}
+                 rc_step=$?; if [ -n "$db_url" ]; then rm -f "${db_url#sqlite:///}"*; fi; (exit $rc_step) ;;
         interleave3b-engine) wait; RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
                  --out "$LOGS/bench/interleave-engine-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" \
                  --engine-direct --bare-fields --gpu-util 0.3 --bare-variants "$TRINITY_ENGINE_ARGS" ${INTERLEAVE_ARGS:-} \
