@@ -13,8 +13,9 @@ with ``--engine-direct`` ``engine`` (the proxy's own request straight to Trinity
 ``engine_direct_request``), with ``--bare-fields`` ``bare-fields`` (that request to bare: what the fields cost bare
 itself), one ``bare:ARGS`` path per ``--bare-variants`` entry (``vllm serve`` with those arguments, started beside
 the others), one ``hop`` path per ``--hops`` entry (bench/hop.py in front of Trinity's engine, a forwarding hop
-that records nothing: ``none`` as it is, ``wait=MS`` holding each answer, ``busy=MS`` keeping its loop busy for each
-answer, ``store=disk|shm`` committing each answer to an SQLite file; which of these the engine's steps feel, where the
+that keeps no experience: ``none`` as it is, ``wait=MS`` holding each answer, ``busy=MS`` keeping its loop busy for each
+answer, ``group=MS`` releasing the answers in groups as a group commit does (each commit a sleep), ``store=disk|shm``
+committing each answer to an SQLite file; which of these the engine's steps feel, where the
 proxy's do), and one ``proxy:VARIANT`` path per ``--proxies`` variant (Trinity's proxy app and recorder as
 bench/proxy_overhead.py runs them, in a plain process in front of Trinity's engine: the proxy outside the Explorer
 actor, with or without its recording). ``--db-url`` puts the serve's own store elsewhere (e.g. on /dev/shm). Every level records the machine's CPU and steal, how busy the GPU was
@@ -356,8 +357,9 @@ def hop_spec(entry: str, out: Path = Path("interleave.json")) -> tuple[str, list
             where = STORES[value] or out.parent
             argv += ["--store", str(where / f"{out.stem}-{hop_suffix(name)}.db")]
             continue
-        if key not in ("wait", "busy") or not eq:
-            raise ValueError(f"--hops entry {entry!r}: give none, or wait=MS, busy=MS and/or store=disk|shm joined by a comma")
+        if key not in ("wait", "busy", "group") or not eq:
+            raise ValueError(f"--hops entry {entry!r}: give none, or wait=MS, busy=MS, group=MS and/or store=disk|shm "
+                             "joined by a comma")
         try:
             ms = float(value)
         except ValueError:
@@ -365,6 +367,8 @@ def hop_spec(entry: str, out: Path = Path("interleave.json")) -> tuple[str, list
         if ms < 0:
             raise ValueError(f"--hops entry {entry!r}: milliseconds cannot be negative")
         argv += [f"--{key}-ms", value]
+    if "--store" in argv and "--group-ms" in argv:
+        raise ValueError(f"--hops entry {entry!r}: group= stands in for a store's commit; give it or store=, not both")
     return name, argv
 
 
@@ -479,7 +483,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--bare-variants", default="", help="';'-separated extra `vllm serve` argument sets, a path each")
     ap.add_argument("--hops", default="",
                     help="';'-separated bench/hop.py settings in front of Trinity's engine, a path each: none, "
-                         "wait=MS, busy=MS, store=disk|shm, or several joined by a comma (needs --engine-direct)")
+                         "wait=MS, busy=MS, group=MS, store=disk|shm, or several joined by a comma (needs --engine-direct)")
     ap.add_argument("--proxies", default="",
                     help="','-separated bench/proxy_overhead.py variants (e.g. sqlite-build4+numeric, hop-gc+numeric): "
                          "Trinity's proxy in a plain process in front of Trinity's engine, a path each (needs --engine-direct)")

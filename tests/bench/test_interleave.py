@@ -100,6 +100,7 @@ def test_a_failed_request_keeps_a_round_out_of_the_figures():
     (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "none; none"], "names a setting twice"),
     (["--model", ".", "--out", "x.json", "--hops", "none"], "give --engine-direct too"),
     (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "store=nvme"], "store= takes disk"),
+    (["--model", ".", "--out", "x.json", "--engine-direct", "--hops", "group=5,store=disk"], "give it or store=, not both"),
     (["--model", ".", "--out", "x.json", "--engine-direct", "--proxies", "nope"], "--proxies: unknown variant 'nope'"),
     (["--model", ".", "--out", "x.json", "--engine-direct", "--proxies", "hop-gc+actor"], "+actor starts a Ray node"),
     (["--model", ".", "--out", "x.json", "--proxies", "hop-gc"], "give --engine-direct too"),
@@ -215,8 +216,19 @@ def test_a_hops_store_commits_every_answer_before_it_returns_and_groups_concurre
     hop, lv, _, stats, result = _hop_level(tmp_path, "store=disk", c=8, requests=32)
     assert lv["ok"] == lv["requests"] == 32
     assert stats["rows"] == stats["answers"] >= 32 and 0 < stats["commits"] < stats["rows"]
+    assert stats["commit_ms_mean"] > 0
     assert stats["store"] == str(tmp_path / "r-hop-storedisk.db")
     assert not (tmp_path / "r-hop-storedisk.db").exists() and result["servers"]["hop:store=disk"]["stop"]["rc"] == 0
+
+
+def test_a_hops_group_releases_the_answers_together_as_a_group_commit_does(tmp_path):
+    """group=100: no file, but each answer waits for a 100 ms "commit" (a sleep) that starts after it came; the 4
+    answers of a wave share commits (fewer commits than answers), and none comes back sooner than one commit."""
+    hop, lv, _, stats, _ = _hop_level(tmp_path, "group=100", c=4, requests=8)
+    assert hop.name == "hop:group=100" and lv["ok"] == 8
+    assert stats["group_ms"] == 100 and stats["rows"] == stats["answers"] >= 8 and stats["commits"] < stats["rows"]
+    assert "commit_ms_mean" not in stats and stats["store"] is None
+    assert lv["latency_s"]["p50"] >= 0.1
 
 
 def test_a_hop_with_a_store_in_a_missing_directory_is_one_sentence(tmp_path):

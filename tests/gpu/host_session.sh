@@ -124,13 +124,15 @@
 #              (the proxy's own request), and bench/hop.py in front of that engine three ways (a hop that records
 #              nothing: as it is, each answer held HOP_WAIT_MS (10) without CPU, its loop busy HOP_BUSY_MS (2) an
 #              answer): which part of a proxy in front of the engine its steps feel (interleave-hop-qwen3b.json)
-#   interleave3b-parts  the same with seven paths: bare, through the proxy, Trinity's engine directly, bench/hop.py
-#              holding each answer HOP_WAIT_MS (10) and committing each answer to an SQLite file on the disk (group
-#              commit, synchronous=FULL: the store's write and syncs alone), and Trinity's proxy app in a plain
-#              process (bench/proxy_overhead.py's child) with its recording as the serve has it (sqlite-build4+numeric)
-#              and without (hop-gc+numeric), PARTS_PROXIES to name others: which part of the proxy slows its engine's
-#              steps (the Explorer actor, the recording, the app); INTERLEAVE_ROUNDS default 3; SERVE_DB_URL puts the
-#              serve's own store elsewhere (parts-qwen3b.json)
+#   interleave3b-parts  the same at equal lengths only (c=32 and c=64, where the proxy's engine decodes slower than a
+#              hop's, session AQ) with eight paths: bare, through the proxy, Trinity's engine directly, bench/hop.py
+#              holding each answer HOP_WAIT_MS (10), releasing the answers in groups as a group commit whose commit
+#              takes HOP_GROUP_MS (5; a sleep, no I/O) and committing each answer to an SQLite file on the disk (group
+#              commit, synchronous=FULL: the store's write and syncs alone), and Trinity's proxy app in a plain process
+#              (bench/proxy_overhead.py's child) with its recording as the serve has it (sqlite-build4+numeric) and
+#              without (hop-gc+numeric), PARTS_PROXIES to name others: which part of the proxy slows its engine's steps
+#              (the Explorer actor, the recording, the release in groups, the app); INTERLEAVE_ROUNDS default 4;
+#              SERVE_DB_URL puts the serve's own store elsewhere (parts-qwen3b.json)
 #   interleave3b-parts-shm  the same with the serve's store on /dev/shm (SERVE_DB_URL's default here:
 #              sqlite:////dev/shm/rftstack-interleave-proxy.db, removed after): does the proxy's engine still step
 #              slower when its commits sync no disk? (parts-shm-qwen3b.json)
@@ -375,8 +377,8 @@ for step in "${steps[@]}"; do
                  db_url=${SERVE_DB_URL:-}
                  [ "$step" = interleave3b-parts-shm ] && db_url=${SERVE_DB_URL:-sqlite:////dev/shm/rftstack-interleave-proxy.db}
                  RFTSTACK_ENGINE_LOG_STATS=1 python3 bench/interleave.py --model /tmp/bench/qwen3b \
-                 --out "$LOGS/bench/${step#interleave3b-}-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-3}" \
-                 --engine-direct --hops "wait=${HOP_WAIT_MS:-10};store=disk" \
+                 --out "$LOGS/bench/${step#interleave3b-}-qwen3b${suffix}.json" --rounds "${INTERLEAVE_ROUNDS:-4}" --spread 0 \
+                 --engine-direct --hops "wait=${HOP_WAIT_MS:-10};group=${HOP_GROUP_MS:-5};store=disk" \
                  --proxies "${PARTS_PROXIES:-sqlite-build4+numeric,hop-gc+numeric}" ${db_url:+--db-url "$db_url"} \
                  ${INTERLEAVE_ARGS:-} ${RFTSTACK_TEST_SKIP_DOCTOR:+--serve-args=--skip-doctor}
                  rc_step=$?; if [ -n "$db_url" ]; then rm -f "${db_url#sqlite:///}"*; fi; (exit $rc_step) ;;
