@@ -102,7 +102,6 @@ class Store:
     committed; the rows that arrived while a commit ran go in the next one together (a group commit)."""
 
     def __init__(self, path: Path):
-        self.path = path
         self.rows = 0
         self.commits = 0
         self.commit_s = 0.0  # the time the commits took, summed

@@ -169,6 +169,25 @@ def figures(result: dict) -> dict:
     return out
 
 
+def markdown_head(head: list[str]) -> list[str]:
+    """A Markdown table's header line and its rule."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+
+def path_levels(result: dict, keep) -> list[tuple[str, str, list[dict]]]:
+    """(level key, path, that path's level in every round where ``keep(level)`` holds) for every level and path of
+    ``result`` that has at least one such round."""
+    out = []
+    for spec in result.get("levels", []):
+        key = spec["key"]
+        for name in result.get("paths", {}):
+            lvs = [r["levels"][key][name] for r in result.get("rounds", []) if name in r.get("levels", {}).get(key, {})]
+            lvs = [x for x in lvs if keep(x)]
+            if lvs:
+                out.append((key, name, lvs))
+    return out
+
+
 def table(result: dict) -> str:
     """The figures as Markdown: one row per level and path, each round's ratio, the range, pooled, and the p99
     ratios; bare's own tokens/s from round to round beside them (what drift the interleaving took out)."""
@@ -176,7 +195,7 @@ def table(result: dict) -> str:
     n = max(len(v["rounds"]) for lv in figs.values() for v in lv.values())
     head = ["level", "path", *(f"round {i}" for i in range(1, n + 1)), "range", "pooled", "p99 ratio (range)",
             "bare tok/s (range)"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = markdown_head(head)
     for key, per in figs.items():
         for name, f in per.items():
             cells = [f"{x:.2f}" for x in f["rounds"]] + ["-"] * (n - len(f["rounds"]))
@@ -195,22 +214,16 @@ def steps(result: dict) -> dict:
     import statistics
 
     out: dict = {}
-    for spec in result.get("levels", []):
-        key = spec["key"]
-        for name in result.get("paths", {}):
-            lvs = [r["levels"][key][name] for r in result.get("rounds", []) if name in r.get("levels", {}).get(key, {})]
-            lvs = [x for x in lvs if isinstance(x.get("engine"), dict) and x["engine"].get("steps_per_s")
-                   and "busy_pct" in x.get("gpu", {})]
-            if not lvs:
-                continue
-            sps = statistics.fmean(x["engine"]["steps_per_s"] for x in lvs)
-            busy = statistics.fmean(x["gpu"]["busy_pct"] for x in lvs)
-            step_ms = 1000 / sps
-            out.setdefault(key, {})[name] = {
-                "rounds": len(lvs), "steps_per_s": sps, "tokens_per_step": statistics.fmean(x["engine"]["tokens_per_step"] for x in lvs),
-                "gpu_busy_pct": busy, "step_ms": step_ms, "gpu_busy_ms_per_step": busy / 100 * step_ms,
-                "gpu_idle_ms_per_step": (1 - busy / 100) * step_ms,
-                "busy_cores": statistics.fmean(x["machine"]["busy_cores"] for x in lvs if "machine" in x) if any("machine" in x for x in lvs) else None}
+    measured = lambda x: isinstance(x.get("engine"), dict) and x["engine"].get("steps_per_s") and "busy_pct" in x.get("gpu", {})  # noqa: E731
+    for key, name, lvs in path_levels(result, measured):
+        sps = statistics.fmean(x["engine"]["steps_per_s"] for x in lvs)
+        busy = statistics.fmean(x["gpu"]["busy_pct"] for x in lvs)
+        step_ms = 1000 / sps
+        out.setdefault(key, {})[name] = {
+            "rounds": len(lvs), "steps_per_s": sps, "tokens_per_step": statistics.fmean(x["engine"]["tokens_per_step"] for x in lvs),
+            "gpu_busy_pct": busy, "step_ms": step_ms, "gpu_busy_ms_per_step": busy / 100 * step_ms,
+            "gpu_idle_ms_per_step": (1 - busy / 100) * step_ms,
+            "busy_cores": statistics.fmean(x["machine"]["busy_cores"] for x in lvs if "machine" in x) if any("machine" in x for x in lvs) else None}
     if not out:
         raise Missing("no level holds both the engine's account and the GPU's busy share (a GPU host's run with "
                       "RFTSTACK_ENGINE_LOG_STATS=1 records them)")
@@ -225,21 +238,17 @@ def latency(result: dict) -> dict:
     import statistics
 
     out: dict = {}
-    for spec in result.get("levels", []):
-        key = spec["key"]
-        for name in result.get("paths", {}):
-            lvs = [r["levels"][key][name] for r in result.get("rounds", []) if name in r.get("levels", {}).get(key, {})]
-            lvs = [x for x in lvs if isinstance((x.get("engine") or {}).get("mean_s"), dict)
-                   and x["engine"]["mean_s"].get("e2e_request_latency") is not None and x.get("ok") == x.get("requests")]
-            if not lvs:
-                continue
-            ms = lambda f: 1000 * statistics.fmean(f(x) for x in lvs)  # noqa: E731
-            out.setdefault(key, {})[name] = {
-                "rounds": len(lvs), "client_ms": ms(lambda x: x["latency_s"]["mean"]),
-                "engine_ms": ms(lambda x: x["engine"]["mean_s"]["e2e_request_latency"]),
-                "outside_ms": ms(lambda x: x["latency_s"]["mean"] - x["engine"]["mean_s"]["e2e_request_latency"]),
-                **{f"{k}_ms": ms(lambda x, k=k: x["engine"]["mean_s"][f"request_{k}_time"])
-                   for k in ("queue", "prefill", "decode")}}
+    timed = lambda x: (isinstance((x.get("engine") or {}).get("mean_s"), dict)  # noqa: E731
+                       and x["engine"]["mean_s"].get("e2e_request_latency") is not None and x.get("ok") == x.get("requests"))
+    for key, name, lvs in path_levels(result, timed):
+        def ms(f, lvs=lvs) -> float:
+            return 1000 * statistics.fmean(f(x) for x in lvs)
+        out.setdefault(key, {})[name] = {
+            "rounds": len(lvs), "client_ms": ms(lambda x: x["latency_s"]["mean"]),
+            "engine_ms": ms(lambda x: x["engine"]["mean_s"]["e2e_request_latency"]),
+            "outside_ms": ms(lambda x: x["latency_s"]["mean"] - x["engine"]["mean_s"]["e2e_request_latency"]),
+            **{f"{k}_ms": ms(lambda x, k=k: x["engine"]["mean_s"][f"request_{k}_time"])
+               for k in ("queue", "prefill", "decode")}}
     if not out:
         raise Missing("no level holds the engine's request times (a GPU host's run with RFTSTACK_ENGINE_LOG_STATS=1 "
                       "records them)")
@@ -250,7 +259,7 @@ def latency_table(result: dict) -> str:
     """:func:`latency` as Markdown, a row per level and path."""
     head = ["level", "path", "rounds", "client ms", "engine e2e ms", "outside the engine ms", "queue ms", "prefill ms",
             "decode ms"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = markdown_head(head)
     for key, per in latency(result).items():
         for name, f in per.items():
             rows.append(f"| {key} | {name} | {f['rounds']} | {f['client_ms']:.1f} | {f['engine_ms']:.1f} | "
@@ -262,7 +271,7 @@ def steps_table(result: dict) -> str:
     """:func:`steps` as Markdown, a row per level and path."""
     head = ["level", "path", "rounds", "engine steps/s", "tokens a step", "GPU busy %", "ms a step", "GPU-busy ms a step",
             "GPU-idle ms a step", "host busy cores"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = markdown_head(head)
     for key, per in steps(result).items():
         for name, f in per.items():
             cores = "-" if f["busy_cores"] is None else f"{f['busy_cores']:.2f}"
@@ -429,8 +438,7 @@ def start_proxy_variant(variant: str, engine: LoadPath, out: Path, stack: ExitSt
 
     def stop() -> None:
         po.stop(proc)
-        rows = [int(ln.split()[1]) for ln in log.read_text().splitlines() if ln.startswith("ROWS ")]
-        ph["stop"] = {"rc": proc.returncode, "rows": rows[-1] if rows else None}
+        ph["stop"] = {"rc": proc.returncode, "rows": po.recorded_rows(log)}
     stack.callback(stop)
     base = f"http://127.0.0.1:{port}"
     po.wait_http(base + "/health", proc, 120)  # RuntimeError: one sentence, the run stops
@@ -531,8 +539,6 @@ def check(args) -> str | None:
         problem = proxy_problem(args.proxy_variants)
         if problem:
             return problem
-    if args.steps and args.latency:
-        return "--steps and --latency are two tables: give one"
     if len(set(args.variants)) < len(args.variants):
         return f"--bare-variants {args.bare_variants!r} names a variant twice; give each once"
     return None
@@ -540,7 +546,7 @@ def check(args) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.table and args.steps and args.latency:
+    if args.steps and args.latency:
         print("interleave: --steps and --latency are two tables: give one", file=sys.stderr)
         return 2
     if args.table:

@@ -602,6 +602,12 @@ def wait_builders(proxy_log: Path, count: int, proc: subprocess.Popen, limit_s: 
         time.sleep(0.2)
 
 
+def recorded_rows(proxy_log: Path) -> int | None:
+    """The rows the proxy's store held when it stopped (its last ROWS line), or None (no store, or not stopped)."""
+    rows = [ln for ln in proxy_log.read_text().splitlines() if ln.startswith("ROWS ")]
+    return int(rows[-1].split()[1]) if rows else None
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process, all its threads (from /proc)."""
     import proc_cpu
@@ -720,9 +726,9 @@ def main(argv: list[str] | None = None) -> int:
             if gc_file.exists():
                 r["gc"] = gc_in_window(json.loads(gc_file.read_text()), load0, load1, answered)
             log = (logs / f"proxy-{v}.log").read_text().splitlines()
-            rows = [ln for ln in log if ln.startswith("ROWS ")]
-            if rows:
-                r["recorded_rows"] = int(rows[-1].split()[1])
+            rows = recorded_rows(logs / f"proxy-{v}.log")
+            if rows is not None:
+                r["recorded_rows"] = rows
             r["proxy_gc_tuning"] = any("objects frozen for the garbage collector" in ln for ln in log)
             nice = [ln for ln in log if ln.startswith("NICENESS ")]
             if nice:

@@ -104,6 +104,7 @@ def test_a_failed_request_keeps_a_round_out_of_the_figures():
     (["--model", ".", "--out", "x.json", "--engine-direct", "--proxies", "nope"], "--proxies: unknown variant 'nope'"),
     (["--model", ".", "--out", "x.json", "--engine-direct", "--proxies", "hop-gc+actor"], "+actor starts a Ray node"),
     (["--model", ".", "--out", "x.json", "--proxies", "hop-gc"], "give --engine-direct too"),
+    (["--table", "x.json", "--steps", "--latency"], "--steps and --latency are two tables: give one"),
 ])
 def test_bad_input_is_one_sentence_and_starts_nothing(tmp_path, argv, says):
     r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path)
